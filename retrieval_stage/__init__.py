@@ -1,0 +1,34 @@
+"""retrieval-stage: the rerank stage of retrieval pipelines.
+
+A validating rerank client that maps every result back to the caller's own item by index, and
+a stage that wraps each call in an OpenInference RERANKER span and falls back to recall order
+when the reranker fails.
+"""
+
+from ._version import __version__
+from .client import AsyncRerankClient, RerankClient
+from .errors import RerankError, RerankProtocolError, RerankStatusError, RerankTransportError
+from .models import Candidate, Reranked, RerankResponse, Usage
+from .null import NullReranker
+from .protocols import AsyncReranker, Reranker
+from .providers import PROVIDERS
+from .stage import RerankStage
+
+__all__ = [
+    "PROVIDERS",
+    "AsyncRerankClient",
+    "AsyncReranker",
+    "Candidate",
+    "NullReranker",
+    "RerankClient",
+    "RerankError",
+    "RerankProtocolError",
+    "RerankResponse",
+    "RerankStage",
+    "RerankStatusError",
+    "RerankTransportError",
+    "Reranked",
+    "Reranker",
+    "Usage",
+    "__version__",
+]

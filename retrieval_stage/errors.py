@@ -1,0 +1,47 @@
+"""The library's one error tree.
+
+Every failure of a rerank call surfaces as a `RerankError`, so a caller (and the stage's
+fallback) can catch one type. Lower-level httpx errors are translated in exactly one place,
+`retrieval_stage.client`, always chained with ``raise ... from exc``. No message here ever
+carries request headers, so an API key cannot leak through an exception.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RerankError",
+    "RerankProtocolError",
+    "RerankStatusError",
+    "RerankTransportError",
+]
+
+
+class RerankError(Exception):
+    """Base class: the rerank call failed and no result was returned."""
+
+
+class RerankTransportError(RerankError):
+    """The request did not complete: connect error, timeout, reset, or the deadline ran out."""
+
+
+class RerankStatusError(RerankError):
+    """The server answered with a non-2xx status.
+
+    `status_code` is the HTTP status, `server_message` the error text the server gave
+    (parsed from the provider's error body when it has one), possibly empty.
+    """
+
+    def __init__(self, status_code: int, server_message: str, *, provider: str = "") -> None:
+        self.status_code = status_code
+        self.server_message = server_message
+        self.provider = provider
+        where = f" from {provider}" if provider else ""
+        detail = f": {server_message}" if server_message else ""
+        super().__init__(f"HTTP {status_code}{where}{detail}")
+
+
+class RerankProtocolError(RerankError):
+    """The server answered 2xx, but the body breaks the provider's contract.
+
+    Raised instead of ever returning a result that might be attached to the wrong item.
+    """

@@ -1,0 +1,101 @@
+"""Value types that cross the library's boundary: candidates in, reranked results out."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Candidate", "RerankResponse", "Reranked", "Usage"]
+
+T = TypeVar("T")
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One recalled item: the caller's `id`, the `text` to score, and its recall `score`.
+
+    `metadata` travels to the trace as a JSON string; it never affects ranking.
+    """
+
+    id: str
+    text: str
+    score: float | None = None
+    metadata: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str):
+            raise TypeError(f"Candidate.id must be a str, got {type(self.id).__name__}")
+        if not isinstance(self.text, str):
+            raise TypeError(
+                f"Candidate.text must be a str, got {type(self.text).__name__} (id={self.id!r})"
+            )
+        if self.score is not None and (
+            isinstance(self.score, bool)
+            or not isinstance(self.score, (int, float))
+            or not math.isfinite(self.score)
+        ):
+            raise ValueError(
+                f"Candidate.score must be a finite number or None, got {self.score!r} "
+                f"(id={self.id!r})"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Reranked:
+    """One output of the stage.
+
+    `candidate` is the caller's own `Candidate` object (identity preserved). `score` is the
+    reranker's score, or the recall score when the stage fell back to recall order (then
+    `reranked` is False and `score` may be None for a candidate that had no recall score).
+    `input_index` is the candidate's position in the input list.
+    """
+
+    candidate: Candidate
+    score: float | None
+    input_index: int
+    reranked: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What the provider reported it spent on a call, summed over sub-batches.
+
+    Fields are None when the provider did not report them.
+    """
+
+    total_tokens: int | None = None
+    search_units: float | None = None
+
+    def __add__(self, other: Usage) -> Usage:
+        def add(a: Any, b: Any) -> Any:
+            if a is None:
+                return b
+            if b is None:
+                return a
+            return a + b
+
+        return Usage(
+            total_tokens=add(self.total_tokens, other.total_tokens),
+            search_units=add(self.search_units, other.search_units),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RerankResponse(Generic[T]):
+    """A rerank call's results with what it cost.
+
+    `results` are the caller's items with scores, best first. `requests` counts HTTP requests
+    sent (retries included), `retries` the retried attempts, `batches` the sub-batches.
+    """
+
+    results: list[tuple[T, float]]
+    usage: Usage = field(default_factory=Usage)
+    model: str | None = None
+    requests: int = 0
+    retries: int = 0
+    batches: int = 0

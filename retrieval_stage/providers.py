@@ -1,0 +1,370 @@
+"""Wire formats of the rerank APIs people run, as data plus two small functions.
+
+A `WireFormat` says where to POST, how the request names its fields, where the results sit in
+the response and what their score is called. `build_request` and `parse_response` are shared by
+every provider, so validation (the part that keeps a score on the right document) is written
+once. Shapes come from each API's documentation; see `../shared/facts.md`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import RerankProtocolError
+from .models import Usage
+
+__all__ = [
+    "PROVIDERS",
+    "ParsedBatch",
+    "WireFormat",
+    "batch_size_refusal",
+    "build_request",
+    "error_message",
+    "get_format",
+    "parse_response",
+]
+
+UsageReader = Callable[[Any, Mapping[str, str]], Usage]
+
+
+def _no_usage(body: Any, headers: Mapping[str, str]) -> Usage:
+    return Usage()
+
+
+def _tei_usage(body: Any, headers: Mapping[str, str]) -> Usage:
+    raw = headers.get("x-compute-tokens")
+    if raw is None:
+        return Usage()
+    try:
+        return Usage(total_tokens=int(raw))
+    except ValueError:
+        return Usage()
+
+
+def _nonneg_int(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _usage_total_tokens(body: Any, headers: Mapping[str, str]) -> Usage:
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict):
+        return Usage()
+    return Usage(total_tokens=_nonneg_int(usage.get("total_tokens")))
+
+
+def _cohere_usage(body: Any, headers: Mapping[str, str]) -> Usage:
+    meta = body.get("meta") if isinstance(body, dict) else None
+    billed = meta.get("billed_units") if isinstance(meta, dict) else None
+    units = billed.get("search_units") if isinstance(billed, dict) else None
+    if isinstance(units, (int, float)) and not isinstance(units, bool) and math.isfinite(units):
+        return Usage(search_units=float(units))
+    return Usage()
+
+
+@dataclass(frozen=True, slots=True)
+class WireFormat:
+    """One rerank API's request and response shape.
+
+    `results_key` None means the response is a bare JSON array (TEI). `top_n_field` None means
+    the API always scores every text and the client cuts to top_k itself. `id_mapped` marks the
+    sidecar contract, whose results carry the submitted ids instead of indices.
+    """
+
+    name: str
+    path: str
+    texts_field: str
+    results_key: str | None
+    score_key: str
+    batch_size: int
+    top_n_field: str | None = None
+    send_model: bool = True
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    usage: UsageReader = _no_usage
+    id_mapped: bool = False
+
+
+PROVIDERS: Mapping[str, WireFormat] = {
+    f.name: f
+    for f in (
+        WireFormat(
+            "tei", "/rerank", "texts", None, "score", 32, send_model=False, usage=_tei_usage
+        ),
+        WireFormat(
+            "cohere",
+            "/v2/rerank",
+            "documents",
+            "results",
+            "relevance_score",
+            1000,
+            top_n_field="top_n",
+            usage=_cohere_usage,
+        ),
+        WireFormat(
+            "jina",
+            "/v1/rerank",
+            "documents",
+            "results",
+            "relevance_score",
+            1000,
+            top_n_field="top_n",
+            extra={"return_documents": False},
+            usage=_usage_total_tokens,
+        ),
+        WireFormat(
+            "voyage",
+            "/v1/rerank",
+            "documents",
+            "data",
+            "relevance_score",
+            1000,
+            top_n_field="top_k",
+            usage=_usage_total_tokens,
+        ),
+        WireFormat(
+            "vllm",
+            "/v1/rerank",
+            "documents",
+            "results",
+            "relevance_score",
+            1000,
+            top_n_field="top_n",
+            usage=_usage_total_tokens,
+        ),
+        WireFormat(
+            "infinity",
+            "/rerank",
+            "documents",
+            "results",
+            "relevance_score",
+            1000,
+            top_n_field="top_n",
+            usage=_usage_total_tokens,
+        ),
+        WireFormat(
+            "mixedbread",
+            "/v1/reranking",
+            "input",
+            "data",
+            "score",
+            1000,
+            top_n_field="top_k",
+            usage=_usage_total_tokens,
+        ),
+        WireFormat(
+            "sidecar",
+            "/rerank",
+            "documents",
+            "scores",
+            "score",
+            128,
+            send_model=False,
+            id_mapped=True,
+        ),
+    )
+}
+"""Every provider the client speaks, by the name given as ``provider=``."""
+
+
+def get_format(provider: str) -> WireFormat:
+    """The wire format named `provider`; ValueError naming the known ones otherwise."""
+    try:
+        return PROVIDERS[provider]
+    except KeyError:
+        known = ", ".join(sorted(PROVIDERS))
+        raise ValueError(f"unknown rerank provider {provider!r}; known: {known}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedBatch:
+    """A validated response: (index within the batch, score) pairs, usage and model."""
+
+    pairs: list[tuple[int, float]]
+    usage: Usage
+    model: str | None
+
+
+def build_request(
+    fmt: WireFormat,
+    query: str,
+    texts: Sequence[str],
+    *,
+    model: str | None,
+    top_n: int | None,
+) -> dict[str, Any]:
+    """The JSON body for one batch. `top_n` is sent only where the API takes one."""
+    body: dict[str, Any] = {"query": query}
+    if fmt.send_model and model is not None:
+        body["model"] = model
+    if fmt.id_mapped:
+        body[fmt.texts_field] = [{"id": str(i), "text": t} for i, t in enumerate(texts)]
+    else:
+        body[fmt.texts_field] = list(texts)
+    if fmt.top_n_field is not None and top_n is not None:
+        body[fmt.top_n_field] = top_n
+    body.update(fmt.extra)
+    return body
+
+
+def expected_results(fmt: WireFormat, n_texts: int, top_n: int | None) -> int:
+    """How many results a valid response holds: min(top_n, n) where sent, else n."""
+    if fmt.top_n_field is not None and top_n is not None:
+        return min(top_n, n_texts)
+    return n_texts
+
+
+def _describe(value: Any) -> str:
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _score(entry: Mapping[str, Any], key: str, position: int) -> float:
+    if key not in entry:
+        raise RerankProtocolError(f"result {position} has no {key!r}: {_describe(entry)}")
+    score = entry[key]
+    if isinstance(score, bool) or not isinstance(score, (int, float)):
+        raise RerankProtocolError(
+            f"result {position}: {key!r} must be a number, got {_describe(score)}"
+        )
+    if not math.isfinite(score):
+        raise RerankProtocolError(f"result {position}: {key!r} is not finite ({score!r})")
+    return float(score)
+
+
+def _entries(fmt: WireFormat, body: Any) -> list[Any]:
+    if fmt.results_key is None:
+        if isinstance(body, list):
+            return body
+        keys = f" with keys {sorted(body)[:5]}" if isinstance(body, dict) else ""
+        raise RerankProtocolError(
+            f"{fmt.name}: expected a bare JSON array of results, got {type(body).__name__}{keys}"
+        )
+    if not isinstance(body, dict):
+        raise RerankProtocolError(
+            f"{fmt.name}: expected a JSON object with {fmt.results_key!r}, "
+            f"got {type(body).__name__}"
+        )
+    entries = body.get(fmt.results_key)
+    if not isinstance(entries, list):
+        raise RerankProtocolError(
+            f"{fmt.name}: expected {fmt.results_key!r} to be an array, "
+            f"got {type(entries).__name__ if fmt.results_key in body else 'nothing'}"
+        )
+    return entries
+
+
+def _key_of(fmt: WireFormat, entry: Mapping[str, Any], position: int, n_texts: int) -> int:
+    if fmt.id_mapped:
+        raw_id = entry.get("id")
+        if (
+            not isinstance(raw_id, str)
+            or not (raw_id.isascii() and raw_id.isdigit())
+            or str(int(raw_id)) != raw_id
+            or int(raw_id) >= n_texts
+        ):
+            raise RerankProtocolError(
+                f"result {position}: unknown id {_describe(raw_id)} (not one of the "
+                f"{n_texts} submitted ids)"
+            )
+        return int(raw_id)
+    if "index" not in entry:
+        raise RerankProtocolError(f"result {position} has no 'index': {_describe(entry)}")
+    index = entry["index"]
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise RerankProtocolError(
+            f"result {position}: 'index' must be an integer, got {_describe(index)}"
+        )
+    if not 0 <= index < n_texts:
+        raise RerankProtocolError(
+            f"result {position}: index {index} out of range for {n_texts} texts"
+        )
+    return index
+
+
+def parse_response(
+    fmt: WireFormat,
+    body: Any,
+    headers: Mapping[str, str],
+    *,
+    n_texts: int,
+    expected: int,
+) -> ParsedBatch:
+    """Validate a decoded response body and return its (index, score) pairs.
+
+    Raises `RerankProtocolError` for anything off-contract: the wrong envelope, an entry that
+    is not an object, a missing, non-integer, out-of-range or duplicate index (or sidecar id), a
+    score that is not a finite number, or a result count other than `expected`. Linear in the
+    number of results.
+    """
+    entries = _entries(fmt, body)
+    seen: set[int] = set()
+    pairs: list[tuple[int, float]] = []
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise RerankProtocolError(
+                f"result {position} must be a JSON object, got {_describe(entry)}"
+            )
+        index = _key_of(fmt, entry, position, n_texts)
+        if index in seen:
+            what = f"id {str(index)!r}" if fmt.id_mapped else f"index {index}"
+            raise RerankProtocolError(f"result {position}: duplicate {what}")
+        seen.add(index)
+        pairs.append((index, _score(entry, fmt.score_key, position)))
+    if len(pairs) != expected:
+        missing = sorted(set(range(n_texts)) - seen)[:10]
+        raise RerankProtocolError(
+            f"{fmt.name}: expected {expected} results for {n_texts} texts, got {len(pairs)}"
+            + (f"; unscored indices include {missing}" if expected == n_texts else "")
+        )
+    model = body.get("model") if isinstance(body, dict) else None
+    return ParsedBatch(
+        pairs=pairs,
+        usage=fmt.usage(body, headers),
+        model=model if isinstance(model, str) else None,
+    )
+
+
+_BATCH_REFUSAL = re.compile(r"batch size (\d+) > maximum allowed batch size (\d+)")
+
+
+def batch_size_refusal(message: str) -> int | None:
+    """The server's batch cap M from a ``batch size N > maximum allowed batch size M`` error."""
+    match = _BATCH_REFUSAL.search(message)
+    if match is None:
+        return None
+    cap = int(match.group(2))
+    return cap if cap > 0 else None
+
+
+def error_message(content: bytes, limit: int = 500) -> str:
+    """The server's error text from any provider's error body, cut to `limit` characters.
+
+    Knows TEI's ``{"error", "error_type"}``, Cohere's ``{"message"}``, Jina's and Voyage's
+    ``{"detail"}`` and vLLM's and Infinity's ``{"error": {"message"}}``; anything else is
+    returned as text.
+    """
+    text = content.decode("utf-8", errors="replace").strip()
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text[:limit]
+    message: Any = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict):
+            message = error.get("message")
+        elif isinstance(error, str):
+            kind = body.get("error_type")
+            message = f"{error} ({kind})" if isinstance(kind, str) and kind else error
+        if message is None:
+            message = body.get("message", body.get("detail"))
+    if message is None:
+        return text[:limit]
+    text_out = message if isinstance(message, str) else json.dumps(message)
+    return text_out[:limit]

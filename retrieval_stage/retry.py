@@ -1,0 +1,150 @@
+"""Retry policy as pure functions: what to retry, how long to wait, and the call's deadline.
+
+Kept free of I/O so every rule is unit-tested with an injected clock and randomness.
+
+Policy (documented in the README):
+
+- retried: 408, 429, 500, 502, 503, 504, transport failures (connect errors, connect/read/
+  write/pool timeouts, connection resets, protocol errors); TEI's 424 (backend error) at most
+  once per call;
+- never retried: every other 4xx (400, 401, 403, 404, 413, 422, ...);
+- wait before retry ``n`` (0-based): ``min(0.5 * 2**n, 8) * (1 - 0.25 * random())`` seconds,
+  unless the server sent ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date), which
+  wins when it is between 0 and 60 seconds;
+- never wait past the call's deadline: a retry whose wait would end after it is not made.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "BACKOFF_BASE_S",
+    "BACKOFF_MAX_S",
+    "RETRYABLE_STATUSES",
+    "Deadline",
+    "backoff_delay",
+    "is_retryable_status",
+    "parse_retry_after",
+    "retry_wait",
+]
+
+RETRYABLE_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+"""Statuses retried up to ``max_retries`` times."""
+
+ONCE_STATUSES = frozenset({424})
+"""TEI's backend error: the model failed on this input; a second try may succeed, a third won't."""
+
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 8.0
+RETRY_AFTER_MAX_S = 60.0
+
+
+def is_retryable_status(status: int, *, previous_424s: int = 0) -> bool:
+    """Whether a response with `status` may be retried (`previous_424s` counts 424s seen)."""
+    if status in RETRYABLE_STATUSES:
+        return True
+    if status in ONCE_STATUSES:
+        return previous_424s == 0
+    return False
+
+
+def backoff_delay(retry_num: int, random: Callable[[], float]) -> float:
+    """Exponential backoff with jitter for the retry numbered `retry_num` (0-based).
+
+    ``min(0.5 * 2**n, 8) * (1 - 0.25 * random())``: the openai/anthropic SDKs' formula, so the
+    wait lies in [75%, 100%] of the capped exponential.
+    """
+    base = min(BACKOFF_BASE_S * (2.0**retry_num), BACKOFF_MAX_S)
+    return base * (1.0 - 0.25 * random())
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None:
+    """The server's requested wait in seconds, or None when absent or unusable.
+
+    ``retry-after-ms`` wins over ``Retry-After``; the latter may be seconds or an HTTP date,
+    compared against `now` (a Unix timestamp). Negative values count as zero; values past
+    60 s are ignored (a server asking for minutes is better treated as down).
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    raw_ms = lowered.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            seconds = float(raw_ms) / 1000.0
+        except ValueError:
+            seconds = math.nan
+        if math.isfinite(seconds):
+            return _usable(seconds)
+    raw = lowered.get("retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:  # pragma: no cover - older Pythons returned None
+            return None
+        seconds = when.timestamp() - now
+    if not math.isfinite(seconds):
+        return None
+    return _usable(seconds)
+
+
+def _usable(seconds: float) -> float | None:
+    if seconds > RETRY_AFTER_MAX_S:
+        return None
+    return max(seconds, 0.0)
+
+
+def retry_wait(
+    retry_num: int,
+    *,
+    headers: Mapping[str, str] | None,
+    remaining: float,
+    random: Callable[[], float],
+    now: float,
+) -> float | None:
+    """How long to sleep before retry `retry_num`, or None when the deadline forbids it.
+
+    The server's ``Retry-After`` wins over backoff; either way a wait that would use up the
+    `remaining` time of the call is refused, because the retry could not finish in time.
+    """
+    wait = parse_retry_after(headers, now=now) if headers else None
+    if wait is None:
+        wait = backoff_delay(retry_num, random)
+    if wait >= remaining:
+        return None
+    return wait
+
+
+@dataclass
+class Deadline:
+    """One total time budget for a call, over every attempt and every sub-batch.
+
+    httpx only has per-phase timeouts (encode/httpx#1450), so the client asks the deadline
+    for the time left before each request and before each wait.
+    """
+
+    seconds: float
+    clock: Callable[[], float] = time.monotonic
+    started: float = math.nan
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.started):
+            self.started = self.clock()
+
+    def remaining(self) -> float:
+        """Seconds left, never negative."""
+        return max(self.seconds - (self.clock() - self.started), 0.0)
+
+    def expired(self) -> bool:
+        """Whether no time is left."""
+        return self.remaining() <= 0.0

@@ -1,0 +1,366 @@
+"""`RerankStage`: one rerank call wrapped in an OpenInference RERANKER span, with fallback.
+
+The stage checks what any reranker returns (every result must be one of the candidates it was
+given, each at most once, with a finite score), degrades to recall order when the reranker
+fails, and writes a span a person can open in Phoenix or Tempo to see what moved. The span is
+written so that its identity (kind, query, model, top_k) survives any attribute-count limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import structlog
+from openinference.instrumentation import TraceConfig
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode, TracerProvider
+
+from ._version import __version__
+from .errors import RerankError, RerankProtocolError
+from .models import Candidate, Reranked, RerankResponse, Usage
+from .spans import (
+    ATTR_BATCHES,
+    ATTR_FALLBACK,
+    ATTR_REQUESTS,
+    ATTR_RETRIES,
+    ATTR_TOP1_CHANGED,
+    ATTR_USAGE_SEARCH_UNITS,
+    ATTR_USAGE_TOTAL_TOKENS,
+    DEFAULT_MAX_CONTENT_BYTES,
+    document_attributes,
+    identity_attributes,
+)
+
+__all__ = ["RerankStage"]
+
+log = structlog.get_logger("retrieval_stage.stage")
+
+OnError = Literal["fallback", "raise"]
+
+
+def recall_order(candidates: Sequence[Candidate]) -> list[int]:
+    """Input positions ordered by recall score, best first; stable; missing scores last."""
+    return sorted(
+        range(len(candidates)),
+        key=lambda i: (candidates[i].score is None, -(candidates[i].score or 0.0), i),
+    )
+
+
+def map_results(
+    candidates: Sequence[Candidate], results: Sequence[tuple[Any, Any]]
+) -> list[tuple[int, float]]:
+    """(input position, score) for each result, checked against the candidates given.
+
+    Any reranker's output passes through here: an item that is not one of the candidates (by
+    identity), a candidate returned more often than given, a malformed pair, or a score that is
+    not a finite number raises `RerankProtocolError`. Sorted best first, ties in input order.
+    """
+    positions: dict[int, list[int]] = {}
+    for i, candidate in enumerate(candidates):
+        positions.setdefault(id(candidate), []).append(i)
+    mapped: list[tuple[int, float]] = []
+    for n, pair in enumerate(results):
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise RerankProtocolError(f"reranker result {n} is not an (item, score) pair")
+        item, score = pair
+        free = positions.get(id(item))
+        if not free:
+            raise RerankProtocolError(
+                f"reranker result {n} is not one of the candidates given, or is returned twice"
+            )
+        if isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise RerankProtocolError(f"reranker result {n}: score is a {type(score).__name__}")
+        if not math.isfinite(score):
+            raise RerankProtocolError(f"reranker result {n}: score {score!r} is not finite")
+        mapped.append((free.pop(0), float(score)))
+    mapped.sort(key=lambda p: (-p[1], p[0]))
+    return mapped
+
+
+class RerankStage:
+    """Rerank candidates with any `Reranker` (or `AsyncReranker`), traced and fail-safe.
+
+    `top_k` keeps the best k (None or 0: all). `min_score` drops reranked outputs scoring below
+    it; score scales are model-specific, so set it per model. `on_error="fallback"` returns the
+    candidates in recall order when the reranker raises a `RerankError`; ``"raise"`` re-raises.
+    `max_content_length` caps each document's content on the span, in UTF-8 bytes (default
+    below Tempo's 2048-byte attribute limit). `trace_config` defaults to OpenInference's
+    `TraceConfig()`, which reads ``OPENINFERENCE_HIDE_INPUTS``/``OPENINFERENCE_HIDE_OUTPUTS``.
+    """
+
+    def __init__(
+        self,
+        reranker: Any,
+        *,
+        top_k: int | None = None,
+        model_name: str | None = None,
+        on_error: OnError = "fallback",
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: Any = None,
+        min_score: float | None = None,
+        max_content_length: int = DEFAULT_MAX_CONTENT_BYTES,
+        trace_config: TraceConfig | None = None,
+    ) -> None:
+        if not callable(getattr(reranker, "rerank", None)):
+            raise TypeError(f"reranker must have a rerank() method, got {type(reranker).__name__}")
+        if on_error not in ("fallback", "raise"):
+            raise ValueError(f"on_error must be 'fallback' or 'raise', got {on_error!r}")
+        if top_k is not None and (
+            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0
+        ):
+            raise ValueError(f"top_k must be an int >= 0 or None, got {top_k!r}")
+        if min_score is not None and not math.isfinite(min_score):
+            raise ValueError(f"min_score must be a finite number, got {min_score!r}")
+        if max_content_length < 16:
+            raise ValueError(f"max_content_length must be >= 16 bytes, got {max_content_length}")
+        self.reranker = reranker
+        self.top_k = top_k or None
+        self.model_name = model_name
+        self.on_error: OnError = on_error
+        self.min_score = min_score
+        self.max_content_length = max_content_length
+        self.trace_config = trace_config or TraceConfig()
+        self._tracer = trace.get_tracer(
+            "retrieval_stage", __version__, tracer_provider=tracer_provider
+        )
+        self._metrics = _make_metrics(meter_provider)
+        self._is_async = inspect.iscoroutinefunction(reranker.rerank)
+
+    def __repr__(self) -> str:
+        return (
+            f"RerankStage({self.reranker!r}, top_k={self.top_k}, model_name={self.model_name!r}, "
+            f"on_error={self.on_error!r})"
+        )
+
+    # -- public API --------------------------------------------------------------------------
+
+    def run(self, query: str, candidates: Sequence[Candidate]) -> list[Reranked]:
+        """Rerank `candidates` for `query`; best first. One RERANKER span per call."""
+        if self._is_async:
+            raise TypeError("this stage wraps an async reranker: use `await stage.arun(...)`")
+        cands = _checked(query, candidates)
+        with self._span(query, cands) as span:
+            started = time.perf_counter()
+            try:
+                response = self._call(query, cands)
+            except RerankError as exc:
+                return self._failed(span, cands, exc, started)
+            return self._succeeded(span, cands, response, started)
+
+    async def arun(self, query: str, candidates: Sequence[Candidate]) -> list[Reranked]:
+        """Async `run`; a sync reranker runs in a worker thread so the event loop stays free."""
+        cands = _checked(query, candidates)
+        with self._span(query, cands) as span:
+            started = time.perf_counter()
+            try:
+                if self._is_async:
+                    response = await self._acall(query, cands)
+                else:
+                    response = await asyncio.to_thread(self._call, query, cands)
+            except RerankError as exc:
+                return self._failed(span, cands, exc, started)
+            return self._succeeded(span, cands, response, started)
+
+    # -- the call ----------------------------------------------------------------------------
+
+    def _call(self, query: str, cands: list[Candidate]) -> RerankResponse[Candidate]:
+        if not cands:
+            return RerankResponse(results=[])
+        detailed = getattr(self.reranker, "rerank_response", None)
+        if callable(detailed):
+            result: RerankResponse[Candidate] = detailed(query, cands, text=_text, top_k=self.top_k)
+            return result
+        return RerankResponse(
+            results=self.reranker.rerank(query, cands, text=_text, top_k=self.top_k)
+        )
+
+    async def _acall(self, query: str, cands: list[Candidate]) -> RerankResponse[Candidate]:
+        if not cands:
+            return RerankResponse(results=[])
+        detailed = getattr(self.reranker, "rerank_response", None)
+        if callable(detailed):
+            result: RerankResponse[Candidate] = await detailed(
+                query, cands, text=_text, top_k=self.top_k
+            )
+            return result
+        return RerankResponse(
+            results=await self.reranker.rerank(query, cands, text=_text, top_k=self.top_k)
+        )
+
+    # -- outcomes ----------------------------------------------------------------------------
+
+    def _succeeded(
+        self,
+        span: Span,
+        cands: list[Candidate],
+        response: RerankResponse[Candidate],
+        started: float,
+    ) -> list[Reranked]:
+        try:
+            mapped = map_results(cands, response.results)
+        except RerankProtocolError as exc:
+            return self._failed(span, cands, exc, started)
+        if self.top_k is not None:
+            mapped = mapped[: self.top_k]
+        if self.min_score is not None:
+            mapped = [(i, s) for i, s in mapped if s >= self.min_score]
+        outputs = [Reranked(cands[i], s, i) for i, s in mapped]
+        top1_changed = bool(outputs) and outputs[0].input_index != recall_order(cands)[0]
+        model = self.model_name or response.model or _attr(self.reranker, "model_name")
+        if span.is_recording():
+            stats: dict[str, Any] = {
+                ATTR_FALLBACK: False,
+                ATTR_TOP1_CHANGED: top1_changed,
+                ATTR_REQUESTS: response.requests,
+                ATTR_RETRIES: response.retries,
+                ATTR_BATCHES: response.batches,
+            }
+            stats.update(_usage_attributes(response.usage))
+            self._finish_span(span, cands, outputs, stats, model)
+        self._record(started, cands, response, "ok", top1_changed, model)
+        return outputs
+
+    def _failed(
+        self, span: Span, cands: list[Candidate], exc: RerankError, started: float
+    ) -> list[Reranked]:
+        """Fall back to recall order, or re-raise (the span manager then records the error)."""
+        model = self.model_name or _attr(self.reranker, "model_name")
+        log.warning(
+            "rerank.fallback" if self.on_error == "fallback" else "rerank.failed",
+            caused_by=type(exc).__name__,
+            error=str(exc),
+            documents=len(cands),
+            provider=_attr(self.reranker, "provider"),
+            model=model,
+        )
+        outcome = "fallback" if self.on_error == "fallback" else "error"
+        empty: RerankResponse[Candidate] = RerankResponse(results=[])
+        if self.on_error == "raise":
+            if span.is_recording():
+                span.set_attribute("error.type", type(exc).__name__)
+                self._finish_span(span, cands, [], {ATTR_FALLBACK: False}, model)
+            self._record(started, cands, empty, outcome, None, model)
+            raise exc
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        order = recall_order(cands)
+        if self.top_k is not None:
+            order = order[: self.top_k]
+        outputs = [Reranked(cands[i], cands[i].score, i, reranked=False) for i in order]
+        if span.is_recording():
+            span.set_attribute("error.type", type(exc).__name__)
+            self._finish_span(
+                span, cands, outputs, {ATTR_FALLBACK: True, ATTR_TOP1_CHANGED: False}, model
+            )
+        self._record(started, cands, empty, outcome, False, model)
+        return outputs
+
+    # -- telemetry ---------------------------------------------------------------------------
+
+    def _span(self, query: str, cands: list[Candidate]) -> Any:
+        """Start the RERANKER span with its identity first, so no limit can evict it."""
+        attributes = identity_attributes(
+            query=query,
+            model_name=self.model_name or _attr(self.reranker, "model_name"),
+            top_k=self.top_k,
+            provider=_attr(self.reranker, "provider"),
+            documents=len(cands),
+            config=self.trace_config,
+        )
+        return self._tracer.start_as_current_span(
+            "rerank",
+            attributes=attributes,
+            record_exception=True,
+            set_status_on_exception=True,
+        )
+
+    def _finish_span(
+        self,
+        span: Span,
+        cands: list[Candidate],
+        outputs: list[Reranked],
+        stats: dict[str, Any],
+        model: str | None,
+    ) -> None:
+        from openinference.semconv.trace import RerankerAttributes
+
+        if model is not None:
+            stats[RerankerAttributes.RERANKER_MODEL_NAME] = model
+        span.set_attributes(stats)
+        span.set_attributes(
+            document_attributes(
+                span,
+                cands,
+                outputs,
+                config=self.trace_config,
+                max_content_length=self.max_content_length,
+            )
+        )
+
+    def _record(
+        self,
+        started: float,
+        cands: list[Candidate],
+        response: RerankResponse[Candidate],
+        outcome: str,
+        top1_changed: bool | None,
+        model: str | None,
+    ) -> None:
+        if self._metrics is None:
+            return
+        self._metrics.record(
+            duration_s=time.perf_counter() - started,
+            documents=len(cands),
+            batches=response.batches,
+            requests=response.requests,
+            retries=response.retries,
+            outcome=outcome,
+            fallback=outcome == "fallback",
+            top1_changed=top1_changed,
+            model=model,
+            provider=_attr(self.reranker, "provider"),
+        )
+
+
+def _text(candidate: Candidate) -> str:
+    return candidate.text
+
+
+def _attr(obj: Any, name: str) -> str | None:
+    value = getattr(obj, name, None)
+    return value if isinstance(value, str) else None
+
+
+def _usage_attributes(usage: Usage) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if usage.total_tokens is not None:
+        out[ATTR_USAGE_TOTAL_TOKENS] = usage.total_tokens
+    if usage.search_units is not None:
+        out[ATTR_USAGE_SEARCH_UNITS] = usage.search_units
+    return out
+
+
+def _checked(query: str, candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Validate the stage's input before anything else happens; nothing is lost on error."""
+    if not isinstance(query, str):
+        raise TypeError(f"query must be a str, got {type(query).__name__}")
+    cands = list(candidates)
+    for i, candidate in enumerate(cands):
+        if not isinstance(candidate, Candidate):
+            raise TypeError(
+                f"candidate {i} must be a retrieval_stage.Candidate, got {type(candidate).__name__}"
+            )
+    return cands
+
+
+def _make_metrics(meter_provider: Any) -> Any:
+    try:
+        from .metrics import RerankMetrics
+    except ImportError:  # pragma: no cover - metrics module ships with the package
+        return None
+    return RerankMetrics(meter_provider)
