@@ -152,7 +152,8 @@ def configure_metrics(
     (or, failing that, ``OTEL_EXPORTER_OTLP_PROTOCOL``) says ``grpc``. ``endpoint`` is a base
     URL like ``OTEL_EXPORTER_OTLP_ENDPOINT`` (``/v1/metrics`` is appended for HTTP); when it is
     None the exporter reads ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` (used as given) or
-    ``OTEL_EXPORTER_OTLP_ENDPOINT`` itself. The global provider is set only if ``set_global``.
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` itself. Any other protocol (``http/json``) is a ValueError,
+    as for tracing. The global provider is set only if ``set_global``.
     """
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -181,13 +182,18 @@ def _metrics_protocol() -> str:
 
 def _otlp_exporter(endpoint: str | None) -> MetricExporter:
     """An OTLP metric exporter for the configured protocol (imported lazily: optional deps)."""
-    if _metrics_protocol() == "grpc":
+    protocol = _metrics_protocol()
+    if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
             OTLPMetricExporter as GrpcExporter,
         )
 
         return GrpcExporter(endpoint=endpoint)
 
+    if protocol not in ("http/protobuf", "http"):
+        # Same rule as tracing (telemetry.otlp_span_exporter): refuse rather than silently
+        # send protobuf to an endpoint configured for something else.
+        raise ValueError(f"unsupported OTLP protocol {protocol!r}: use 'http/protobuf' or 'grpc'")
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
         OTLPMetricExporter as HttpExporter,
     )

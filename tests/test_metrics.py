@@ -314,6 +314,16 @@ def test_configure_metrics_picks_the_exporter_protocol_from_env(
     assert [p for p, _ in built] == [protocol]
 
 
+def test_an_unsupported_protocol_is_refused_like_for_tracing(
+    monkeypatch: pytest.MonkeyPatch, built: list[tuple[str, str | None]]
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/json")
+
+    with pytest.raises(ValueError, match="http/json"):
+        configure_metrics()
+    assert built == []
+
+
 def test_http_endpoint_is_a_base_url_like_otel_exporter_otlp_endpoint(
     built: list[tuple[str, str | None]],
 ) -> None:
