@@ -98,8 +98,9 @@ def test_authorization_header_sends_bearer(wm: WireMock) -> None:
     ],
 )
 def test_malformed_body_raises_protocol_error(wm: WireMock, case: str, says: str) -> None:
-    with RerankClient(wm.url + f"/tei/bad/{case}") as client, pytest.raises(
-        RerankProtocolError, match=says.replace("(", r"\(").replace(")", r"\)")
+    with (
+        RerankClient(wm.url + f"/tei/bad/{case}") as client,
+        pytest.raises(RerankProtocolError, match=says.replace("(", r"\(").replace(")", r"\)")),
     ):
         client.rerank("q", ["A", "B"])
     assert len(wm.requests(f"/tei/bad/{case}/rerank")) == 1, "a protocol error is not retried"
@@ -114,9 +115,10 @@ def test_503_then_200_is_retried(wm: WireMock) -> None:
 
 
 def test_401_is_not_retried(wm: WireMock) -> None:
-    with RerankClient(wm.url + "/tei/unauthorized", api_key=SECRET) as client, pytest.raises(
-        RerankStatusError
-    ) as caught:
+    with (
+        RerankClient(wm.url + "/tei/unauthorized", api_key=SECRET) as client,
+        pytest.raises(RerankStatusError) as caught,
+    ):
         client.rerank("q", ["A", "B"])
     assert caught.value.status_code == 401
     assert "invalid api key (Unauthorized)" in str(caught.value)
@@ -146,8 +148,9 @@ def test_batch_size_auto_reads_info(wm: WireMock) -> None:
 def test_delay_past_deadline_raises_transport_error_in_time(wm: WireMock) -> None:
     wm.stub_json("/tei/slow/rerank", [{"index": 0, "score": 1.0}], fixedDelayMilliseconds=3000)
     started = time.monotonic()
-    with RerankClient(wm.url + "/tei/slow", timeout=0.5) as client, pytest.raises(
-        RerankTransportError
+    with (
+        RerankClient(wm.url + "/tei/slow", timeout=0.5) as client,
+        pytest.raises(RerankTransportError),
     ):
         client.rerank("q", ["A"])
     assert time.monotonic() - started < 0.5 + 1.0
@@ -159,7 +162,10 @@ def test_server_error_message_reaches_the_exception(wm: WireMock) -> None:
         {"error": "`texts` cannot be empty", "error_type": "Validation"},
         status=422,
     )
-    with RerankClient(wm.url + "/tei/invalid") as client, pytest.raises(RerankStatusError) as caught:
+    with (
+        RerankClient(wm.url + "/tei/invalid") as client,
+        pytest.raises(RerankStatusError) as caught,
+    ):
         client.rerank("q", ["A"])
     assert caught.value.status_code == 422
     assert caught.value.server_message == "`texts` cannot be empty (Validation)"
