@@ -184,6 +184,11 @@ class _ClientBase(Generic[H]):
         self._random = random
         self._clock = clock
         self._owns_http = http_client is None
+        self._http = http_client if http_client is not None else self._new_http()
+
+    def _new_http(self) -> H:
+        """A fresh httpx client of the flavour this class drives (TLS verification on)."""
+        raise NotImplementedError
 
     # -- public read-only facts -------------------------------------------------------------
 
@@ -355,11 +360,8 @@ class RerankClient(_ClientBase[httpx.Client]):
     client.rerank("what is rust", ["rust is a language", "bananas"])``
     """
 
-    def __init__(
-        self, base_url: str, *, http_client: httpx.Client | None = None, **kw: Any
-    ) -> None:
-        super().__init__(base_url, http_client=http_client, **kw)
-        self._http = http_client or httpx.Client()
+    def _new_http(self) -> httpx.Client:
+        return httpx.Client()
 
     def __enter__(self) -> RerankClient:
         return self
@@ -457,11 +459,8 @@ class RerankClient(_ClientBase[httpx.Client]):
 class AsyncRerankClient(_ClientBase[httpx.AsyncClient]):
     """Asynchronous rerank client; sub-batches go concurrently, at most `max_concurrency`."""
 
-    def __init__(
-        self, base_url: str, *, http_client: httpx.AsyncClient | None = None, **kw: Any
-    ) -> None:
-        super().__init__(base_url, http_client=http_client, **kw)
-        self._http = http_client or httpx.AsyncClient()
+    def _new_http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient()
 
     async def __aenter__(self) -> AsyncRerankClient:
         return self
