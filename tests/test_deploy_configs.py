@@ -24,13 +24,13 @@ from typing import Any, Literal
 
 import jsonschema  # type: ignore[import-untyped]  # no stubs needed: tests are not type-checked in CI
 import pytest
-import yaml
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import Histogram, InMemoryMetricReader, Sum
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from ruamel.yaml import YAML
 
 from retrieval_stage import Candidate, RerankError, RerankStage
 
@@ -52,8 +52,9 @@ SPANMETRICS_DEFAULT_LABELS = {"service_name", "span_name", "span_kind", "status_
 
 
 def load_yaml(path: Path) -> Any:
+    """Plain dicts and lists (ruamel.yaml comes with check-jsonschema; YAML 1.2 rules)."""
     with path.open(encoding="utf-8") as f:
-        return yaml.safe_load(f)
+        return YAML(typ="safe", pure=True).load(f)
 
 
 def dashboards() -> Iterator[tuple[str, dict[str, Any]]]:
@@ -679,7 +680,8 @@ def test_dashboard_promql_parses_with_promtool(tmp_path: Path) -> None:
         expr = re.sub(r"\$\{?(\w+)(?::\w+)?\}?", ".*", expr)
         rules.append({"record": f"dashboard:check_{n}", "expr": expr})
     path = tmp_path / "rules.yml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    # JSON is YAML: promtool reads it as a rules file.
+    path.write_text(json.dumps({"groups": [{"name": "dashboards", "rules": rules}]}))
 
     result = subprocess.run(
         [promtool, "check", "rules", str(path)],
