@@ -34,7 +34,7 @@ from .providers import (
     get_format,
     parse_response,
 )
-from .retry import Deadline, is_retryable_status, retry_wait
+from .retry import Deadline, is_retryable_error, is_retryable_status, retry_wait
 
 __all__ = ["AsyncRerankClient", "RerankClient"]
 
@@ -99,10 +99,31 @@ def rank(pairs: list[tuple[int, float]], top_k: int | None) -> list[tuple[int, f
     return ordered if top_k is None else ordered[:top_k]
 
 
-def _transport_error(exc: httpx.HTTPError) -> RerankTransportError:
-    """The one place httpx's exceptions become ours (the message never holds headers)."""
-    detail = str(exc) or "no detail"
-    return RerankTransportError(f"{type(exc).__name__}: {detail}")
+def _transport_error(exc: httpx.HTTPError, redact: Callable[[str], str]) -> _Attempt:
+    """The one place httpx's exceptions become ours, classified for retry.
+
+    The message is redacted and the httpx error is not chained, so an API key that httpx or h11
+    quoted (an illegal header value, say) reaches neither logs nor span stack traces.
+    """
+    detail = redact(str(exc)) or "no detail"
+    return _Attempt(
+        error=RerankTransportError(f"{type(exc).__name__}: {detail}"),
+        retryable=is_retryable_error(exc),
+        cause=type(exc).__name__,
+    )
+
+
+@dataclass
+class _Reply:
+    """A response read in full: what `_judge` needs from an httpx response."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+
+    @property
+    def is_success(self) -> bool:
+        return 200 <= self.status_code < 300
 
 
 @dataclass
@@ -114,6 +135,7 @@ class _Attempt:
     retryable: bool = False
     headers: httpx.Headers | None = None
     split_to: int | None = None
+    cause: str = ""
 
 
 @dataclass
@@ -166,6 +188,16 @@ class _ClientBase(Generic[H]):
             )
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if api_key and (
+            not isinstance(api_key, str)
+            or not (api_key.isascii() and api_key.isprintable())
+            or api_key != api_key.strip()
+        ):
+            # Never echo the key: it would land in whatever logs the caller's traceback.
+            raise ValueError(
+                "api_key must be printable ASCII without surrounding whitespace "
+                "(a trailing newline from a secrets file?)"
+            )
         self._format: WireFormat = get_format(provider)
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -230,23 +262,33 @@ class _ClientBase(Generic[H]):
     def _redact(self, text: str) -> str:
         return text.replace(self._api_key, "***") if self._api_key else text
 
+    def _redact_bytes(self, content: bytes) -> bytes:
+        """`content` without the API key, before anything cuts it (a cut key would survive)."""
+        return content.replace(self._api_key.encode(), b"***") if self._api_key else content
+
     def _top_n(self, top_k: int | None, n: int) -> int | None:
         return None if top_k is None else min(top_k, n)
 
     def _chunks(self, start: int, stop: int, size: int) -> list[tuple[int, int]]:
         return [(i, min(i + size, stop)) for i in range(start, stop, size)]
 
-    def _judge(self, call: _Call, response: httpx.Response, n: int, expected: int) -> _Attempt:
-        """Turn a response into an attempt outcome; decodes the JSON body once."""
+    def _judge(
+        self, call: _Call, response: httpx.Response | _Reply, n: int, expected: int
+    ) -> _Attempt:
+        """Turn a response into an attempt outcome; decodes the JSON body once.
+
+        Every message built from the server's bytes is redacted: a server may echo the key.
+        """
         if response.is_success:
             try:
                 body = json.loads(response.content)
             except ValueError:
                 kind = response.headers.get("content-type", "unknown content-type")
-                snippet = response.content[:60].decode("utf-8", errors="replace")
+                snippet = self._redact_bytes(response.content)[:60]
+                text = snippet.decode("utf-8", errors="replace")
                 return _Attempt(
                     error=RerankProtocolError(
-                        f"{self.provider}: response is not valid JSON ({kind}): {snippet!r}"
+                        f"{self.provider}: response is not valid JSON ({kind}): {text!r}"
                     )
                 )
             try:
@@ -254,10 +296,10 @@ class _ClientBase(Generic[H]):
                     self._format, body, response.headers, n_texts=n, expected=expected
                 )
             except RerankProtocolError as exc:
-                return _Attempt(error=exc)
+                return _Attempt(error=RerankProtocolError(self._redact(str(exc))))
             return _Attempt(parsed=parsed)
         status = response.status_code
-        message = self._redact(error_message(response.content))
+        message = error_message(self._redact_bytes(response.content))
         error = RerankStatusError(status, message, provider=self.provider)
         if status in (413, 422):
             cap = batch_size_refusal(message)
@@ -270,9 +312,23 @@ class _ClientBase(Generic[H]):
             call.seen_424 += 1
         return _Attempt(error=error, retryable=retryable, headers=response.headers)
 
-    def _learn_cap(self, attempt: _Attempt, n: int) -> None:
+    def _learn_cap(self, attempt: _Attempt, n: int, offset: int) -> None:
+        """Record a split on the span and the log; remember a cap the server stated."""
         cap = attempt.split_to
         assert cap is not None
+        error = attempt.error
+        fields: dict[str, Any] = {
+            "batch_offset": offset,
+            "refused": n,
+            "split_to": cap,
+            "caused_by": f"HTTP {error.status_code}"
+            if isinstance(error, RerankStatusError)
+            else "",
+        }
+        log.warning("rerank.batch_split", provider=self.provider, **fields)
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.add_event("rerank.batch_split", fields)
         if (
             isinstance(attempt.error, RerankStatusError)
             and batch_size_refusal(attempt.error.server_message) is not None
@@ -304,7 +360,7 @@ class _ClientBase(Generic[H]):
             return None
         error = attempt.error
         status = error.status_code if isinstance(error, RerankStatusError) else None
-        caused_by = type(error).__name__ if status is None else f"HTTP {status}"
+        caused_by = (attempt.cause or type(error).__name__) if status is None else f"HTTP {status}"
         fields: dict[str, Any] = {
             "retry_num": retry_num + 1,
             "wait_for": round(wait, 3),
@@ -405,14 +461,29 @@ class RerankClient(_ClientBase[httpx.Client]):
             pairs += self._score(call, query, texts, start, stop, cap)
         return self._finish(kept, call, pairs, cap)
 
+    def _send(self, call: _Call, method: str, url: str, **kw: Any) -> _Reply:
+        """One request, read in full within the call's deadline.
+
+        httpx's timeout bounds each read, not the whole body, so a server trickling bytes could
+        hold the call for ever: the deadline is checked after every chunk received.
+        """
+        with self._http.stream(
+            method, url, headers=self._headers(), timeout=call.deadline.remaining(), **kw
+        ) as response:
+            parts: list[bytes] = []
+            for chunk in response.iter_bytes():
+                parts.append(chunk)
+                if call.deadline.expired():
+                    raise self._deadline_error(call)
+            return _Reply(response.status_code, response.headers, b"".join(parts))
+
     def _fetch_info(self, call: _Call) -> None:
         try:
-            response = self._http.get(
-                self.base_url + "/info", headers=self._headers(), timeout=call.deadline.remaining()
-            )
-            response.raise_for_status()
-            self._apply_info(response.json())
-        except (httpx.HTTPError, ValueError) as exc:
+            reply = self._send(call, "GET", self.base_url + "/info")
+            if not reply.is_success:
+                raise ValueError(f"HTTP {reply.status_code}")
+            self._apply_info(json.loads(reply.content))
+        except (httpx.HTTPError, ValueError, RerankTransportError) as exc:
             log.warning(
                 "rerank.info_unavailable", provider=self.provider, caused_by=type(exc).__name__
             )
@@ -421,6 +492,11 @@ class RerankClient(_ClientBase[httpx.Client]):
     def _score(
         self, call: _Call, query: str, texts: list[str], start: int, stop: int, top_k: int | None
     ) -> list[tuple[int, float]]:
+        if stop - start > self.batch_size:  # the server taught a smaller cap meanwhile
+            pairs: list[tuple[int, float]] = []
+            for a, b in self._chunks(start, stop, self.batch_size):
+                pairs += self._score(call, query, texts, a, b, top_k)
+            return pairs
         batch = texts[start:stop]
         top_n = self._top_n(top_k, len(batch))
         body = build_request(self._format, query, batch, model=self.model, top_n=top_n)
@@ -428,23 +504,20 @@ class RerankClient(_ClientBase[httpx.Client]):
         url = self.base_url + self._format.path
         retry_num = 0
         while True:
-            remaining = call.deadline.remaining()
-            if remaining <= 0:
+            if call.deadline.expired():
                 raise self._deadline_error(call)
             call.requests += 1
             try:
-                response = self._http.post(
-                    url, json=body, headers=self._headers(), timeout=remaining
-                )
+                reply = self._send(call, "POST", url, json=body)
             except httpx.HTTPError as exc:
-                attempt = _Attempt(error=_transport_error(exc), retryable=True)
+                attempt = _transport_error(exc, self._redact)
             else:
-                attempt = self._judge(call, response, len(batch), expected)
+                attempt = self._judge(call, reply, len(batch), expected)
             if attempt.parsed is not None:
                 return self._record(call, attempt.parsed, start)
             if attempt.split_to is not None:
-                self._learn_cap(attempt, len(batch))
-                pairs: list[tuple[int, float]] = []
+                self._learn_cap(attempt, len(batch), start)
+                pairs = []
                 for a, b in self._chunks(start, stop, attempt.split_to):
                     pairs += self._score(call, query, texts, a, b, top_k)
                 return pairs
@@ -508,12 +581,14 @@ class AsyncRerankClient(_ClientBase[httpx.AsyncClient]):
 
     async def _fetch_info(self, call: _Call) -> None:
         try:
-            response = await self._http.get(
-                self.base_url + "/info", headers=self._headers(), timeout=call.deadline.remaining()
+            remaining = call.deadline.remaining()
+            response = await asyncio.wait_for(
+                self._http.get(self.base_url + "/info", headers=self._headers(), timeout=remaining),
+                remaining,
             )
             response.raise_for_status()
             self._apply_info(response.json())
-        except (httpx.HTTPError, ValueError) as exc:
+        except (httpx.HTTPError, ValueError, asyncio.TimeoutError) as exc:
             log.warning(
                 "rerank.info_unavailable", provider=self.provider, caused_by=type(exc).__name__
             )
@@ -529,6 +604,8 @@ class AsyncRerankClient(_ClientBase[httpx.AsyncClient]):
         stop: int,
         top_k: int | None,
     ) -> list[tuple[int, float]]:
+        if stop - start > self.batch_size:  # the server taught a smaller cap meanwhile
+            return await self._split(call, gate, query, texts, start, stop, top_k, self.batch_size)
         batch = texts[start:stop]
         top_n = self._top_n(top_k, len(batch))
         body = build_request(self._format, query, batch, model=self.model, top_n=top_n)
@@ -549,26 +626,41 @@ class AsyncRerankClient(_ClientBase[httpx.AsyncClient]):
                 except asyncio.TimeoutError:
                     raise self._deadline_error(call) from None
                 except httpx.HTTPError as exc:
-                    attempt = _Attempt(error=_transport_error(exc), retryable=True)
+                    attempt = _transport_error(exc, self._redact)
                 else:
                     attempt = self._judge(call, response, len(batch), expected)
             if attempt.parsed is not None:
                 return self._record(call, attempt.parsed, start)
             if attempt.split_to is not None:
-                self._learn_cap(attempt, len(batch))
-                parts = await _all_or_nothing(
-                    [
-                        self._score(call, gate, query, texts, a, b, top_k)
-                        for a, b in self._chunks(start, stop, attempt.split_to)
-                    ]
+                self._learn_cap(attempt, len(batch), start)
+                return await self._split(
+                    call, gate, query, texts, start, stop, top_k, attempt.split_to
                 )
-                return [p for part in parts for p in part]
             wait = self._wait_before_retry(call, attempt, retry_num, start)
             assert attempt.error is not None
             if wait is None:
                 raise attempt.error
             await asyncio.sleep(wait)
             retry_num += 1
+
+    async def _split(
+        self,
+        call: _Call,
+        gate: asyncio.Semaphore,
+        query: str,
+        texts: list[str],
+        start: int,
+        stop: int,
+        top_k: int | None,
+        size: int,
+    ) -> list[tuple[int, float]]:
+        parts = await _all_or_nothing(
+            [
+                self._score(call, gate, query, texts, a, b, top_k)
+                for a, b in self._chunks(start, stop, size)
+            ]
+        )
+        return [p for part in parts for p in part]
 
 
 async def _all_or_nothing(
@@ -592,9 +684,8 @@ async def _all_or_nothing(
         task.cancel()
     if pending:
         await asyncio.gather(*pending, return_exceptions=True)
-    for task in tasks:
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            assert exc is not None
-            raise exc
+    # Retrieve every failure (asyncio logs those never retrieved), then raise the first.
+    failures = [e for t in tasks if not t.cancelled() and (e := t.exception()) is not None]
+    if failures:
+        raise failures[0]
     return [task.result() for task in tasks]

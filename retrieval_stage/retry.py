@@ -5,9 +5,11 @@ Kept free of I/O so every rule is unit-tested with an injected clock and randomn
 Policy (documented in the README):
 
 - retried: 408, 429, 500, 502, 503, 504, transport failures (connect errors, connect/read/
-  write/pool timeouts, connection resets, protocol errors); TEI's 424 (backend error) at most
-  once per call;
-- never retried: every other 4xx (400, 401, 403, 404, 413, 422, ...);
+  write/pool timeouts, connection resets, the server breaking HTTP); TEI's 424 (backend error)
+  at most once per call;
+- never retried: every other 4xx (400, 401, 403, 404, 413, 422, ...), a 2xx whose body breaks
+  the contract, and errors in our own request (an illegal header value, say), which would
+  only repeat;
 - wait before retry ``n`` (0-based): ``min(0.5 * 2**n, 8) * (1 - 0.25 * random())`` seconds,
   unless the server sent ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date), which
   wins when it is between 0 and 60 seconds;
@@ -22,12 +24,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import httpx
+
 __all__ = [
     "BACKOFF_BASE_S",
     "BACKOFF_MAX_S",
     "RETRYABLE_STATUSES",
     "Deadline",
     "backoff_delay",
+    "is_retryable_error",
     "is_retryable_status",
     "parse_retry_after",
     "retry_wait",
@@ -51,6 +56,25 @@ def is_retryable_status(status: int, *, previous_424s: int = 0) -> bool:
     if status in ONCE_STATUSES:
         return previous_424s == 0
     return False
+
+
+_RETRYABLE_ERRORS: tuple[type[httpx.HTTPError], ...] = (
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+    httpx.ProxyError,
+)
+
+
+def is_retryable_error(exc: BaseException) -> bool:
+    """Whether an httpx error is worth another attempt.
+
+    Timeouts (connect, read, write, pool), network errors (refused, reset) and a server that
+    broke HTTP (empty reply, malformed chunk, garbage) may be transient. Errors in our own
+    request (`httpx.LocalProtocolError`, an unsupported scheme) or in decoding the body would
+    happen again.
+    """
+    return isinstance(exc, _RETRYABLE_ERRORS)
 
 
 def backoff_delay(retry_num: int, random: Callable[[], float]) -> float:
