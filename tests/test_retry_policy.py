@@ -362,4 +362,5 @@ def test_client_honours_retry_after_then_succeeds(clock: FakeClock) -> None:
         response = client.rerank_response("q", ["a"])
     assert response.results == [("a", 0.5)]
     assert (response.requests, response.retries) == (2, 1)
+    assert len(seen) == 2
     assert clock.now - 100.0 == pytest.approx(3.0), "waited exactly what the server asked"
