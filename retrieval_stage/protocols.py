@@ -1,7 +1,10 @@
 """The neutral reranker contract: anything with this `rerank` method can drive the stage.
 
-`RerankClient`, `AsyncRerankClient`, `NullReranker` and any user class satisfy one of these
-protocols structurally; no base class to inherit.
+`RerankClient`, `NullReranker` and any user class with a matching `rerank` satisfy `Reranker`;
+`AsyncRerankClient` and `AsyncNullReranker` satisfy `AsyncReranker`. Conformance is structural:
+no base class to inherit. mypy checks the full signature; ``isinstance`` (both protocols are
+runtime-checkable) only checks that a `rerank` attribute exists, so at run time it cannot tell
+a sync reranker from an async one (`RerankStage` looks at the method itself for that).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A `WireFormat` says where to POST, how the request names its fields, where the results sit in
 the response and what their score is called. `build_request` and `parse_response` are shared by
 every provider, so validation (the part that keeps a score on the right document) is written
-once. Shapes come from each API's documentation; see `../shared/facts.md`.
+once. Shapes come from each API's documentation; `docs/providers.md` has the table.
 """
 
 from __future__ import annotations
@@ -93,77 +93,102 @@ class WireFormat:
 PROVIDERS: Mapping[str, WireFormat] = {
     f.name: f
     for f in (
+        # Hugging Face text-embeddings-inference: bare array of {index, score}; usage in the
+        # x-compute-tokens header; 32 = the server's default --max-client-batch-size (GET /info
+        # reports the real one; batch_size="auto" reads it).
         WireFormat(
-            "tei", "/rerank", "texts", None, "score", 32, send_model=False, usage=_tei_usage
+            name="tei",
+            path="/rerank",
+            texts_field="texts",
+            results_key=None,
+            score_key="score",
+            batch_size=32,
+            send_model=False,
+            usage=_tei_usage,
         ),
+        # Cohere v2 (docs.cohere.com/v2/reference/rerank): top_n defaults to all; no model in
+        # the response; "we recommend against sending more than 1,000 documents".
         WireFormat(
-            "cohere",
-            "/v2/rerank",
-            "documents",
-            "results",
-            "relevance_score",
-            1000,
+            name="cohere",
+            path="/v2/rerank",
+            texts_field="documents",
+            results_key="results",
+            score_key="relevance_score",
+            batch_size=1000,
             top_n_field="top_n",
             usage=_cohere_usage,
         ),
+        # Jina (api.jina.ai/v1/rerank): top_n defaults to all; return_documents defaults to true,
+        # so it is turned off. No per-request document cap is documented: 1000, as Cohere's.
         WireFormat(
-            "jina",
-            "/v1/rerank",
-            "documents",
-            "results",
-            "relevance_score",
-            1000,
+            name="jina",
+            path="/v1/rerank",
+            texts_field="documents",
+            results_key="results",
+            score_key="relevance_score",
+            batch_size=1000,
             top_n_field="top_n",
             extra={"return_documents": False},
             usage=_usage_total_tokens,
         ),
+        # Voyage (docs.voyageai.com, /v1/rerank): top_k defaults to all; "the number of
+        # documents cannot exceed 1000"; results under "data".
         WireFormat(
-            "voyage",
-            "/v1/rerank",
-            "documents",
-            "data",
-            "relevance_score",
-            1000,
+            name="voyage",
+            path="/v1/rerank",
+            texts_field="documents",
+            results_key="data",
+            score_key="relevance_score",
+            batch_size=1000,
             top_n_field="top_k",
             usage=_usage_total_tokens,
         ),
+        # vLLM's Jina/Cohere-compatible endpoint (also served at /rerank and /v2/rerank):
+        # top_n defaults to 0, meaning all. vLLM documents no per-request document cap: 1000.
         WireFormat(
-            "vllm",
-            "/v1/rerank",
-            "documents",
-            "results",
-            "relevance_score",
-            1000,
+            name="vllm",
+            path="/v1/rerank",
+            texts_field="documents",
+            results_key="results",
+            score_key="relevance_score",
+            batch_size=1000,
             top_n_field="top_n",
             usage=_usage_total_tokens,
         ),
+        # Infinity (michaelfeil/infinity): top_n must be > 0 when sent (omitted = all);
+        # documents are capped by INFINITY_MAX_CLIENT_BATCH_SIZE, default 2048.
         WireFormat(
-            "infinity",
-            "/rerank",
-            "documents",
-            "results",
-            "relevance_score",
-            1000,
+            name="infinity",
+            path="/rerank",
+            texts_field="documents",
+            results_key="results",
+            score_key="relevance_score",
+            batch_size=2048,
             top_n_field="top_n",
             usage=_usage_total_tokens,
         ),
+        # Mixedbread (/v1/reranking): texts under "input" (1 to 1000 items); top_k defaults
+        # to -1, meaning all, and must lie between 1 and the number of inputs when sent.
         WireFormat(
-            "mixedbread",
-            "/v1/reranking",
-            "input",
-            "data",
-            "score",
-            1000,
+            name="mixedbread",
+            path="/v1/reranking",
+            texts_field="input",
+            results_key="data",
+            score_key="score",
+            batch_size=1000,
             top_n_field="top_k",
             usage=_usage_total_tokens,
         ),
+        # The seed's sidecar contract: {"query", "documents": [{"id", "text"}]} answered by
+        # {"scores": [{"id", "score"}]} in input order, mapped by id; RERANKER_MAX_DOCUMENTS
+        # defaults to 128.
         WireFormat(
-            "sidecar",
-            "/rerank",
-            "documents",
-            "scores",
-            "score",
-            128,
+            name="sidecar",
+            path="/rerank",
+            texts_field="documents",
+            results_key="scores",
+            score_key="score",
+            batch_size=128,
             send_model=False,
             id_mapped=True,
         ),
@@ -198,7 +223,13 @@ def build_request(
     model: str | None,
     top_n: int | None,
 ) -> dict[str, Any]:
-    """The JSON body for one batch. `top_n` is sent only where the API takes one."""
+    """The JSON body for one batch. `top_n` is sent only where the API takes one.
+
+    `top_n` None leaves the field out, which every API documents as "all" (vLLM's 0 and
+    Mixedbread's -1 are never sent: Infinity and Cohere reject values below 1).
+    """
+    if top_n is not None and (isinstance(top_n, bool) or top_n < 1):
+        raise ValueError(f"top_n must be a positive int or None, got {top_n!r}")
     body: dict[str, Any] = {"query": query}
     if fmt.send_model and model is not None:
         body["model"] = model
@@ -345,7 +376,8 @@ def batch_size_refusal(message: str) -> int | None:
 def error_message(content: bytes, limit: int = 500) -> str:
     """The server's error text from any provider's error body, cut to `limit` characters.
 
-    Knows TEI's ``{"error", "error_type"}``, Cohere's ``{"message"}``, Jina's and Voyage's
+    Knows TEI's ``{"error", "error_type"}``, Cohere's and Mixedbread's ``{"message"}`` (also
+    older vLLM's flat ``{"object": "error", "message"}``), Jina's, Voyage's and FastAPI's
     ``{"detail"}`` and vLLM's and Infinity's ``{"error": {"message"}}``; anything else is
     returned as text.
     """

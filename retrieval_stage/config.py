@@ -1,0 +1,305 @@
+"""Choosing a reranker from configuration: `RerankSettings` and the factories.
+
+Reranking is off until an operator sets ``RERANK_ENDPOINT``: an empty endpoint selects the
+`NullReranker`, which keeps the caller's order. Configuration that cannot be read (a bad
+number, an unknown provider, an endpoint that is not an http(s) URL) fails open to the
+`NullReranker` too, with one structured warning (``rerank.config_invalid``) naming the
+variable, so a typo degrades ranking quality instead of taking search down; ``strict=True``
+raises `ValueError` instead, for deployments that prefer to fail at start-up. The API key's
+value is never logged, never put in an exception and never shown by ``repr``.
+
+Variables (all optional):
+
+``RERANK_ENDPOINT``        base URL of the rerank service; empty: reranking off
+``RERANK_PROVIDER``        wire format: tei (default), cohere, jina, voyage, vllm, infinity,
+                           mixedbread, sidecar
+``RERANK_MODEL``           model name sent to APIs that take one and recorded on spans
+``RERANK_API_KEY``         credential, sent in ``RERANK_API_KEY_HEADER``
+``RERANK_API_KEY_HEADER``  header for the key (default ``apikey``; ``Authorization`` sends
+                           ``Bearer <key>``)
+``RERANK_TIMEOUT``         seconds for a whole call, retries included (default 30)
+``RERANK_BATCH_SIZE``      texts per request: a positive integer, ``auto`` (ask TEI's
+                           ``/info``), or empty for the provider's documented cap
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+from urllib.parse import urlsplit
+
+import structlog
+
+from .client import AsyncRerankClient, RerankClient
+from .null import AsyncNullReranker, NullReranker
+from .providers import PROVIDERS
+
+__all__ = [
+    "ENV_KEYS",
+    "RerankSettings",
+    "make_async_reranker",
+    "make_reranker",
+]
+
+log = structlog.get_logger("retrieval_stage.config")
+
+BatchSize: TypeAlias = int | Literal["auto"] | None
+
+ENDPOINT = "RERANK_ENDPOINT"
+PROVIDER = "RERANK_PROVIDER"
+MODEL = "RERANK_MODEL"
+API_KEY = "RERANK_API_KEY"
+API_KEY_HEADER = "RERANK_API_KEY_HEADER"
+TIMEOUT = "RERANK_TIMEOUT"
+BATCH_SIZE = "RERANK_BATCH_SIZE"
+
+ENV_KEYS = (ENDPOINT, PROVIDER, MODEL, API_KEY, API_KEY_HEADER, TIMEOUT, BATCH_SIZE)
+"""Every environment variable `RerankSettings.from_env` reads."""
+
+_FIELD_OF = {
+    ENDPOINT: "endpoint",
+    PROVIDER: "provider",
+    MODEL: "model",
+    API_KEY: "api_key",
+    API_KEY_HEADER: "api_key_header",
+    TIMEOUT: "timeout",
+    BATCH_SIZE: "batch_size",
+}
+
+_SHOW_VALUE = frozenset({PROVIDER, API_KEY_HEADER, TIMEOUT, BATCH_SIZE})
+"""Variables whose bad value may appear in a warning: never the key, never the endpoint (it
+may carry credentials in its userinfo)."""
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""An HTTP header name (RFC 9110 token)."""
+
+_KEY_VALUE = re.compile(r"[\x21-\x7e]+")
+"""What httpx can send as a header value without failing at request time: visible ASCII."""
+
+
+class _Invalid(Exception):
+    """A value that cannot be used; the message says why without repeating the value."""
+
+
+# -- one check per field, shared by the dataclass and the environment reader -------------------
+
+
+def _endpoint(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(f"must be a str, got {type(value).__name__}")
+    url = value.strip()
+    if not url:
+        return ""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise _Invalid(f"must be an http(s) URL, got scheme {parts.scheme or 'none'!r}")
+    if not parts.hostname or any(c.isspace() for c in url):
+        raise _Invalid("must be an http(s) URL with a host and no spaces")
+    return url
+
+
+def _provider(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(f"must be a str, got {type(value).__name__}")
+    name = value.strip().lower() or "tei"
+    if name not in PROVIDERS:
+        raise _Invalid(f"unknown provider; known: {', '.join(sorted(PROVIDERS))}")
+    return name
+
+
+def _model(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _Invalid(f"must be a str or None, got {type(value).__name__}")
+    return value.strip() or None
+
+
+def _api_key(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _Invalid(f"must be a str or None, got {type(value).__name__}")
+    key = value.strip()
+    if not key:
+        return None
+    if not _KEY_VALUE.fullmatch(key):
+        raise _Invalid("must be printable ASCII without spaces or control characters")
+    return key
+
+
+def _api_key_header(value: Any) -> str:
+    if not isinstance(value, str):
+        raise _Invalid(f"must be a str, got {type(value).__name__}")
+    header = value.strip() or "apikey"
+    if not _HEADER_NAME.fullmatch(header):
+        raise _Invalid("must be an HTTP header name")
+    return header
+
+
+def _timeout(value: Any) -> float:
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return 30.0
+        try:
+            value = float(text)
+        except ValueError:
+            raise _Invalid("must be a number of seconds") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _Invalid(f"must be a number of seconds, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise _Invalid("must be a finite number of seconds > 0")
+    return float(value)
+
+
+def _batch_size(value: Any) -> BatchSize:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if not text:
+            return None
+        if text == "auto":
+            return "auto"
+        try:
+            value = int(text)
+        except ValueError:
+            raise _Invalid("must be a positive integer, 'auto' or empty") from None
+    if value is None:
+        return None
+    if value == "auto":
+        return "auto"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _Invalid("must be a positive integer, 'auto' or empty")
+    return value
+
+
+_CHECKS: dict[str, Callable[[Any], Any]] = {
+    ENDPOINT: _endpoint,
+    PROVIDER: _provider,
+    MODEL: _model,
+    API_KEY: _api_key,
+    API_KEY_HEADER: _api_key_header,
+    TIMEOUT: _timeout,
+    BATCH_SIZE: _batch_size,
+}
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class RerankSettings:
+    """How to reach the rerank service; an empty `endpoint` means reranking is off.
+
+    Values are checked (and strings normalised: stripped, provider lower-cased) on
+    construction; a value that cannot be used raises `ValueError` naming the field.
+    `from_env` builds one from ``RERANK_*`` variables.
+    """
+
+    endpoint: str = ""
+    provider: str = "tei"
+    model: str | None = None
+    api_key: str | None = None
+    api_key_header: str = "apikey"
+    timeout: float = 30.0
+    batch_size: BatchSize = None
+
+    def __post_init__(self) -> None:
+        for key, check in _CHECKS.items():
+            name = _FIELD_OF[key]
+            try:
+                value = check(getattr(self, name))
+            except _Invalid as exc:
+                raise ValueError(f"RerankSettings.{name} {exc}") from None
+            object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        key = None if self.api_key is None else "'<set>'"
+        return (
+            f"RerankSettings(endpoint={self.endpoint!r}, provider={self.provider!r}, "
+            f"model={self.model!r}, api_key={key}, api_key_header={self.api_key_header!r}, "
+            f"timeout={self.timeout!r}, batch_size={self.batch_size!r})"
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether an endpoint is configured, i.e. whether the factories build a client."""
+        return bool(self.endpoint)
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `RerankClient` / `AsyncRerankClient` besides the base URL."""
+        return {
+            "provider": self.provider,
+            "model": self.model,
+            "api_key": self.api_key,
+            "api_key_header": self.api_key_header,
+            "timeout": self.timeout,
+            "batch_size": self.batch_size,
+        }
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] = os.environ, *, strict: bool = False
+    ) -> RerankSettings:
+        """Settings from the ``RERANK_*`` variables in `environ`.
+
+        An empty or unset ``RERANK_ENDPOINT`` gives disabled settings and the other variables
+        are not read. A variable that cannot be used gives disabled settings and logs one
+        ``rerank.config_invalid`` warning whose ``key`` names it (``invalid_keys`` lists all
+        when several are bad); with ``strict=True`` it raises `ValueError` naming it instead.
+        """
+        if not environ.get(ENDPOINT, "").strip():
+            return cls()
+        values: dict[str, Any] = {}
+        problems: list[tuple[str, str]] = []
+        for key, check in _CHECKS.items():
+            raw = environ.get(key, "")
+            try:
+                values[_FIELD_OF[key]] = check(raw)
+            except _Invalid as exc:
+                problems.append((key, str(exc)))
+        if not problems:
+            return cls(**values)
+        key, reason = problems[0]
+        if strict:
+            others = ", ".join(k for k, _ in problems[1:])
+            more = f" (also invalid: {others})" if others else ""
+            raise ValueError(f"{key} {reason}{more}")
+        fields: dict[str, Any] = {"key": key, "reason": reason, "fallback": "NullReranker"}
+        if key in _SHOW_VALUE:
+            fields["value"] = environ.get(key, "")[:60]
+        if len(problems) > 1:
+            fields["invalid_keys"] = [k for k, _ in problems]
+        log.warning("rerank.config_invalid", **fields)
+        return cls()
+
+
+def make_reranker(
+    settings: RerankSettings | None = None, *, strict: bool = False
+) -> RerankClient | NullReranker:
+    """A `RerankClient` for `settings` (default: `RerankSettings.from_env`), else `NullReranker`.
+
+    `strict` applies when reading the environment: see `RerankSettings.from_env`. Close the
+    result when done (``with make_reranker() as reranker: ...`` works for both kinds).
+    """
+    if settings is None:
+        settings = RerankSettings.from_env(strict=strict)
+    if not settings.enabled:
+        return NullReranker()
+    return RerankClient(settings.endpoint, **settings.client_kwargs())
+
+
+def make_async_reranker(
+    settings: RerankSettings | None = None, *, strict: bool = False
+) -> AsyncRerankClient | AsyncNullReranker:
+    """The awaitable twin of `make_reranker`: `AsyncRerankClient`, else `AsyncNullReranker`.
+
+    The null choice is awaitable too, so ``await reranker.rerank(...)`` works whichever is
+    configured (``async with make_async_reranker() as reranker: ...`` as well).
+    """
+    if settings is None:
+        settings = RerankSettings.from_env(strict=strict)
+    if not settings.enabled:
+        return AsyncNullReranker()
+    return AsyncRerankClient(settings.endpoint, **settings.client_kwargs())
