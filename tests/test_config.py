@@ -1,0 +1,286 @@
+"""Selecting a reranker from ``RERANK_*`` configuration: off, on, fail-open and strict."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from retrieval_stage import AsyncRerankClient, NullReranker, RerankClient
+from retrieval_stage.config import ENV_KEYS, RerankSettings, make_async_reranker, make_reranker
+from retrieval_stage.null import AsyncNullReranker
+
+from .conftest import WireMock
+
+SECRET = "sk-live-8c1e2f0a-never-log-me"
+
+FULL_ENV = {
+    "RERANK_ENDPOINT": "https://rerank.example.com/api",
+    "RERANK_PROVIDER": "cohere",
+    "RERANK_MODEL": "rerank-v3.5",
+    "RERANK_API_KEY": SECRET,
+    "RERANK_API_KEY_HEADER": "Authorization",
+    "RERANK_TIMEOUT": "12.5",
+    "RERANK_BATCH_SIZE": "100",
+}
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No RERANK_* variable from the machine leaks into a test."""
+    for key in ENV_KEYS:
+        monkeypatch.delenv(key, raising=False)
+
+
+def config_warnings(logs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [e for e in logs if e["event"] == "rerank.config_invalid"]
+
+
+# -- off by default -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", [None, "", "   "])
+def test_empty_endpoint_selects_the_null_reranker_silently(
+    monkeypatch: pytest.MonkeyPatch, endpoint: str | None
+) -> None:
+    if endpoint is not None:
+        monkeypatch.setenv("RERANK_ENDPOINT", endpoint)
+    monkeypatch.setenv("RERANK_TIMEOUT", "not read while reranking is off")
+    with capture_logs() as logs:
+        reranker = make_reranker()
+        async_reranker = make_async_reranker(strict=True)
+    assert isinstance(reranker, NullReranker)
+    assert isinstance(async_reranker, AsyncNullReranker)
+    assert logs == []
+    assert not RerankSettings.from_env().enabled
+
+
+# -- every variable read -----------------------------------------------------------------------
+
+
+def test_every_variable_is_read() -> None:
+    settings = RerankSettings.from_env(FULL_ENV)
+    assert settings == RerankSettings(
+        endpoint="https://rerank.example.com/api",
+        provider="cohere",
+        model="rerank-v3.5",
+        api_key=SECRET,
+        api_key_header="Authorization",
+        timeout=12.5,
+        batch_size=100,
+    )
+
+
+def test_factories_build_clients_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in FULL_ENV.items():
+        monkeypatch.setenv(key, value)
+    with make_reranker() as reranker:
+        assert isinstance(reranker, RerankClient)
+        assert (reranker.base_url, reranker.provider, reranker.model) == (
+            "https://rerank.example.com/api",
+            "cohere",
+            "rerank-v3.5",
+        )
+        assert (reranker.timeout, reranker.batch_size) == (12.5, 100)
+        assert SECRET not in repr(reranker)
+    assert isinstance(make_async_reranker(), AsyncRerankClient)
+
+
+def test_only_an_endpoint_gives_the_tei_defaults() -> None:
+    settings = RerankSettings.from_env({"RERANK_ENDPOINT": "http://tei:8080"})
+    assert dataclasses.astuple(settings) == (
+        "http://tei:8080",
+        "tei",
+        None,
+        None,
+        "apikey",
+        30.0,
+        None,
+    )
+    with make_reranker(settings) as reranker:
+        assert isinstance(reranker, RerankClient)
+        assert reranker.batch_size == 32
+        assert reranker.timeout == 30.0
+
+
+def test_values_are_trimmed_and_normalised() -> None:
+    settings = RerankSettings.from_env(
+        {
+            "RERANK_ENDPOINT": "  http://tei:8080/ ",
+            "RERANK_PROVIDER": " Mixedbread ",
+            "RERANK_MODEL": "   ",
+            "RERANK_API_KEY": SECRET + "\n",
+            "RERANK_TIMEOUT": " 5 ",
+            "RERANK_BATCH_SIZE": "AUTO",
+        }
+    )
+    assert settings.endpoint == "http://tei:8080/"
+    assert settings.provider == "mixedbread"
+    assert settings.model is None
+    assert settings.api_key == SECRET
+    assert settings.timeout == 5.0
+    assert settings.batch_size == "auto"
+
+
+def test_selected_client_talks_to_the_configured_service(
+    monkeypatch: pytest.MonkeyPatch, wm: WireMock
+) -> None:
+    monkeypatch.setenv("RERANK_ENDPOINT", wm.url + "/cohere/all")
+    monkeypatch.setenv("RERANK_PROVIDER", "cohere")
+    monkeypatch.setenv("RERANK_MODEL", "rerank-v3.5")
+    monkeypatch.setenv("RERANK_API_KEY", SECRET)
+    monkeypatch.setenv("RERANK_API_KEY_HEADER", "Authorization")
+    with make_reranker(strict=True) as reranker:
+        result = reranker.rerank("q", ["a", "b", "c"])
+    assert [text for text, _ in result] == ["c", "a", "b"]
+    (request,) = wm.requests("/cohere/all/v2/rerank")
+    headers = {k.lower(): v for k, v in request["headers"].items()}
+    assert headers["authorization"] == f"Bearer {SECRET}"
+
+
+# -- unreadable configuration: fail open, or raise when strict ---------------------------------
+
+BAD = [
+    ("RERANK_TIMEOUT", "abc", "must be a number of seconds"),
+    ("RERANK_TIMEOUT", "0", "must be a finite number of seconds > 0"),
+    ("RERANK_TIMEOUT", "-1", "must be a finite number of seconds > 0"),
+    ("RERANK_TIMEOUT", "nan", "must be a finite number of seconds > 0"),
+    ("RERANK_TIMEOUT", "inf", "must be a finite number of seconds > 0"),
+    ("RERANK_PROVIDER", "openai", "unknown provider; known: cohere, infinity, jina, "),
+    ("RERANK_ENDPOINT", "localhost:8080", "must be an http(s) URL, got scheme 'localhost'"),
+    ("RERANK_ENDPOINT", "ftp://files.example.com", "must be an http(s) URL, got scheme 'ftp'"),
+    ("RERANK_ENDPOINT", "http://", "must be an http(s) URL with a host and no spaces"),
+    ("RERANK_ENDPOINT", "http://tei host:80", "must be an http(s) URL with a host and no spaces"),
+    ("RERANK_BATCH_SIZE", "0", "must be a positive integer, 'auto' or empty"),
+    ("RERANK_BATCH_SIZE", "-32", "must be a positive integer, 'auto' or empty"),
+    ("RERANK_BATCH_SIZE", "1.5", "must be a positive integer, 'auto' or empty"),
+    ("RERANK_BATCH_SIZE", "lots", "must be a positive integer, 'auto' or empty"),
+    ("RERANK_API_KEY_HEADER", "x api key", "must be an HTTP header name"),
+    ("RERANK_API_KEY", "sk-live 8c1e2f0a", "must be printable ASCII without spaces"),
+    ("RERANK_API_KEY", "sk-live-\u00e9t\u00e9", "must be printable ASCII without spaces"),
+]
+by_bad_value = pytest.mark.parametrize(("key", "value", "reason"), BAD, ids=lambda v: str(v))
+
+
+def _env(key: str, value: str) -> dict[str, str]:
+    env = {"RERANK_ENDPOINT": "http://tei:8080", "RERANK_API_KEY": SECRET}
+    env[key] = value
+    return env
+
+
+@by_bad_value
+def test_unreadable_value_fails_open_with_one_warning_naming_the_key(
+    monkeypatch: pytest.MonkeyPatch, key: str, value: str, reason: str
+) -> None:
+    for k, v in _env(key, value).items():
+        monkeypatch.setenv(k, v)
+    with capture_logs() as logs:
+        reranker = make_reranker()
+    assert isinstance(reranker, NullReranker)
+    (warning,) = logs
+    assert warning["event"] == "rerank.config_invalid"
+    assert warning["log_level"] == "warning"
+    assert warning["key"] == key
+    assert warning["reason"].startswith(reason)
+    assert warning["fallback"] == "NullReranker"
+    if key in ("RERANK_API_KEY", "RERANK_ENDPOINT"):
+        assert "value" not in warning
+    else:
+        assert warning["value"] == value
+    assert "8c1e2f0a" not in repr(warning)
+
+
+@by_bad_value
+def test_strict_mode_raises_value_error_naming_the_key(key: str, value: str, reason: str) -> None:
+    with capture_logs() as logs, pytest.raises(ValueError, match=f"^{key} ") as caught:
+        RerankSettings.from_env(_env(key, value), strict=True)
+    assert str(caught.value).startswith(f"{key} {reason}")
+    assert "8c1e2f0a" not in str(caught.value)
+    assert logs == []
+
+
+def test_strict_factories_raise_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RERANK_ENDPOINT", "http://tei:8080")
+    monkeypatch.setenv("RERANK_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match=r"^RERANK_TIMEOUT must be a number of seconds$"):
+        make_reranker(strict=True)
+    with pytest.raises(ValueError, match=r"^RERANK_TIMEOUT must be a number of seconds$"):
+        make_async_reranker(strict=True)
+
+
+async def test_async_factory_fails_open_to_an_awaitable_null_reranker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RERANK_ENDPOINT", "http://tei:8080")
+    monkeypatch.setenv("RERANK_PROVIDER", "bogus")
+    with capture_logs() as logs:
+        reranker = make_async_reranker()
+    assert isinstance(reranker, AsyncNullReranker)
+    assert await reranker.rerank("q", ["a", "b"]) == [("a", 0.0), ("b", 0.0)]
+    assert [w["key"] for w in config_warnings(logs)] == ["RERANK_PROVIDER"]
+
+
+def test_several_bad_values_still_give_one_warning_listing_them_all() -> None:
+    env = {
+        "RERANK_ENDPOINT": "http://tei:8080",
+        "RERANK_PROVIDER": "bogus",
+        "RERANK_TIMEOUT": "x",
+        "RERANK_API_KEY": "bad key " + SECRET,
+    }
+    with capture_logs() as logs:
+        settings = RerankSettings.from_env(env)
+    assert not settings.enabled
+    (warning,) = logs
+    assert warning["key"] == "RERANK_PROVIDER"
+    assert warning["invalid_keys"] == ["RERANK_PROVIDER", "RERANK_API_KEY", "RERANK_TIMEOUT"]
+    assert SECRET not in repr(warning)
+    with pytest.raises(ValueError, match=r"^RERANK_PROVIDER unknown provider") as caught:
+        RerankSettings.from_env(env, strict=True)
+    assert str(caught.value).endswith("(also invalid: RERANK_API_KEY, RERANK_TIMEOUT)")
+    assert SECRET not in str(caught.value)
+
+
+def test_explicit_settings_do_not_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RERANK_ENDPOINT", "not a url")
+    with capture_logs() as logs, make_reranker(RerankSettings("http://tei:8080")) as reranker:
+        assert isinstance(reranker, RerankClient)
+    assert logs == []
+
+
+# -- the settings value ---------------------------------------------------------------------------
+
+
+def test_settings_repr_hides_the_api_key() -> None:
+    settings = RerankSettings("http://tei:8080", api_key=SECRET)
+    assert SECRET not in repr(settings)
+    assert "api_key='<set>'" in repr(settings)
+    assert "api_key=None" in repr(RerankSettings())
+
+
+def test_settings_are_frozen() -> None:
+    settings = RerankSettings("http://tei:8080")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.timeout = 1.0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"endpoint": "tei:8080"}, "RerankSettings.endpoint must be an http(s) URL"),
+        ({"provider": "openai"}, "RerankSettings.provider unknown provider"),
+        ({"timeout": 0}, "RerankSettings.timeout must be a finite number of seconds > 0"),
+        ({"timeout": True}, "RerankSettings.timeout must be a number of seconds, got bool"),
+        ({"batch_size": 0}, "RerankSettings.batch_size must be a positive integer"),
+        ({"batch_size": "many"}, "RerankSettings.batch_size must be a positive integer"),
+        ({"api_key": "has space"}, "RerankSettings.api_key must be printable ASCII"),
+        ({"api_key_header": "bad header"}, "RerankSettings.api_key_header must be an HTTP"),
+    ],
+)
+def test_settings_built_in_code_refuse_unusable_values(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        RerankSettings(**kwargs)
