@@ -9,13 +9,14 @@ from ._version import __version__
 from .client import AsyncRerankClient, RerankClient
 from .errors import RerankError, RerankProtocolError, RerankStatusError, RerankTransportError
 from .models import Candidate, Reranked, RerankResponse, Usage
-from .null import NullReranker
+from .null import AsyncNullReranker, NullReranker
 from .protocols import AsyncReranker, Reranker
 from .providers import PROVIDERS
 from .stage import RerankStage
 
 __all__ = [
     "PROVIDERS",
+    "AsyncNullReranker",
     "AsyncRerankClient",
     "AsyncReranker",
     "Candidate",
