@@ -63,9 +63,20 @@ def _cohere_usage(body: Any, headers: Mapping[str, str]) -> Usage:
     meta = body.get("meta") if isinstance(body, dict) else None
     billed = meta.get("billed_units") if isinstance(meta, dict) else None
     units = billed.get("search_units") if isinstance(billed, dict) else None
-    if isinstance(units, (int, float)) and not isinstance(units, bool) and math.isfinite(units):
-        return Usage(search_units=float(units))
-    return Usage()
+    value = _finite(units)
+    return Usage() if value is None else Usage(search_units=value)
+
+
+def _finite(value: Any) -> float | None:
+    """`value` as a finite float, or None: not a number, a bool, NaN, infinite, or an integer
+    too large for a float (JSON allows it; ``math.isfinite`` would raise OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,9 +274,10 @@ def _score(entry: Mapping[str, Any], key: str, position: int) -> float:
         raise RerankProtocolError(
             f"result {position}: {key!r} must be a number, got {_describe(score)}"
         )
-    if not math.isfinite(score):
-        raise RerankProtocolError(f"result {position}: {key!r} is not finite ({score!r})")
-    return float(score)
+    value = _finite(score)
+    if value is None:
+        raise RerankProtocolError(f"result {position}: {key!r} is not finite ({_describe(score)})")
+    return value
 
 
 def _entries(fmt: WireFormat, body: Any) -> list[Any]:
