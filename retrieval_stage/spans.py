@@ -178,7 +178,11 @@ def document_attributes(
         kept_in, kept_out = len(inputs), len(outs)
     else:
         used = len(getattr(span, "attributes", None) or {})
-        kept_in, kept_out = _fit(inputs, outs, limit - used - _RESERVED)
+        budget = limit - used - _RESERVED
+        if sum(map(len, inputs)) + sum(map(len, outs)) <= budget:
+            kept_in, kept_out = len(inputs), len(outs)  # all fit: skip the alternating walk
+        else:
+            kept_in, kept_out = _fit(inputs, outs, budget)
     attributes: dict[str, AttributeValue] = {}
     for doc in inputs[:kept_in]:
         attributes.update(doc)
