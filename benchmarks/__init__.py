@@ -1,0 +1,1 @@
+"""Benchmarks for retrieval-stage: run ``python -m benchmarks`` (see benchmarks/README.md)."""
