@@ -1,0 +1,321 @@
+"""Recall then rerank, as one traced call: the `Recall` contract, `Pipeline`, and rank changes.
+
+One `Pipeline.run(query)` is one trace a person can open: an OpenInference CHAIN span
+(``pipeline``) whose children are a RETRIEVER span (``recall``, with the recalled documents as
+``retrieval.documents.<i>.document.*``) and the RERANKER span (``rerank``) that `RerankStage`
+writes. `RankChange` says, for each output, where recall had put it and how far it moved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from openinference.instrumentation import (
+    TraceConfig,
+    get_input_attributes,
+    get_output_attributes,
+    get_retriever_attributes,
+    get_span_kind_attributes,
+)
+from openinference.semconv.trace import OpenInferenceSpanKindValues
+from opentelemetry import trace
+from opentelemetry.trace import Span, TracerProvider
+from opentelemetry.util.types import AttributeValue
+
+from ._version import __version__
+from .models import Candidate, Reranked
+from .spans import ATTR_DOCUMENTS, attribute_limit, cap_content
+from .stage import RerankStage, recall_order
+
+__all__ = [
+    "ATTR_RECALL",
+    "ATTR_RECALL_K",
+    "ATTR_RETRIEVAL_OMITTED",
+    "Pipeline",
+    "PipelineResult",
+    "RankChange",
+    "Recall",
+    "compare_ranks",
+]
+
+ATTR_RECALL = "retrieval_stage.recall"
+"""The recall method's name (``bm25``, or the class name of a user's `Recall`)."""
+ATTR_RECALL_K = "retrieval_stage.recall_k"
+"""How many candidates recall was asked for."""
+ATTR_RETRIEVAL_OMITTED = "retrieval_stage.retrieval_documents.omitted"
+"""Recalled documents left off the RETRIEVER span because the attribute limit was reached."""
+
+
+@runtime_checkable
+class Recall(Protocol):
+    """First-stage retrieval: a query in, up to `k` candidates with recall scores out.
+
+    Candidates come back best first, each with its recall `score`. `BM25Recall` is the
+    built-in one; a vector store or search service wrapped in a class with this method works
+    the same.
+    """
+
+    def recall(self, query: str, k: int) -> list[Candidate]:
+        """Up to `k` candidates for `query`, best first, with recall scores."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RankChange:
+    """One output with the rank it had after recall, both 1-based.
+
+    `score` is the reranker's score (the recall score when the stage fell back, then
+    `reranked` is False); `recall_score` is the candidate's own. `window` is how many outputs
+    were kept: an output whose recall rank lies outside it entered the list from below.
+    """
+
+    candidate: Candidate
+    score: float | None
+    rank: int
+    recall_rank: int
+    window: int
+    reranked: bool = True
+
+    @property
+    def recall_score(self) -> float | None:
+        """The candidate's recall score."""
+        return self.candidate.score
+
+    @property
+    def moved(self) -> int:
+        """Places moved up (positive) or down (negative) from recall's order."""
+        return self.recall_rank - self.rank
+
+    @property
+    def is_new(self) -> bool:
+        """True when recall ranked it outside the kept outputs: reranking brought it in."""
+        return self.recall_rank > self.window
+
+    @property
+    def movement(self) -> str:
+        """``↑3``, ``↓5``, ``=``, or ``new`` (brought into the kept outputs from below)."""
+        if self.is_new:
+            return "new"
+        if self.moved > 0:
+            return f"↑{self.moved}"
+        if self.moved < 0:
+            return f"↓{-self.moved}"
+        return "="
+
+
+def compare_ranks(candidates: Sequence[Candidate], outputs: Sequence[Reranked]) -> list[RankChange]:
+    """Each output's final rank beside its recall rank.
+
+    The recall rank is the candidate's place in recall order: by recall score, best first,
+    candidates without a score last, ties in input order (the order the stage falls back to).
+    """
+    recall_rank = {index: rank for rank, index in enumerate(recall_order(candidates), start=1)}
+    window = len(outputs)
+    return [
+        RankChange(
+            candidate=out.candidate,
+            score=out.score,
+            rank=rank,
+            recall_rank=recall_rank[out.input_index],
+            window=window,
+            reranked=out.reranked,
+        )
+        for rank, out in enumerate(outputs, start=1)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineResult:
+    """What one pipeline call produced.
+
+    `recalled` are recall's candidates, best first; `results` the stage's outputs, best first;
+    `trace_id` the call's trace as 32 lowercase hex digits (None when tracing is off).
+    """
+
+    query: str
+    recalled: list[Candidate]
+    results: list[Reranked]
+    trace_id: str | None = None
+
+    @property
+    def changes(self) -> list[RankChange]:
+        """Each result with its recall rank and movement."""
+        return compare_ranks(self.recalled, self.results)
+
+    @property
+    def fell_back(self) -> bool:
+        """True when the reranker failed and the results are in recall order."""
+        return any(not r.reranked for r in self.results)
+
+
+class Pipeline:
+    """Recall `recall_k` candidates, then rerank them with `stage`: one trace per call.
+
+    `tracer_provider` is the provider for the CHAIN and RETRIEVER spans (pass the same one the
+    stage uses); None means OpenTelemetry's global provider. `trace_config` defaults to the
+    stage's, so ``OPENINFERENCE_HIDE_*`` settings apply to every span of the call alike.
+    """
+
+    def __init__(
+        self,
+        recall: Recall,
+        stage: RerankStage,
+        *,
+        recall_k: int = 50,
+        tracer_provider: TracerProvider | None = None,
+        trace_config: TraceConfig | None = None,
+    ) -> None:
+        if not callable(getattr(recall, "recall", None)):
+            raise TypeError(f"recall must have a recall() method, got {type(recall).__name__}")
+        if isinstance(recall_k, bool) or not isinstance(recall_k, int) or recall_k < 1:
+            raise ValueError(f"recall_k must be an int >= 1, got {recall_k!r}")
+        self.recall = recall
+        self.stage = stage
+        self.recall_k = recall_k
+        self.trace_config = trace_config or stage.trace_config
+        self._tracer = trace.get_tracer(
+            "retrieval_stage", __version__, tracer_provider=tracer_provider
+        )
+
+    def __repr__(self) -> str:
+        return f"Pipeline({self.recall!r}, {self.stage!r}, recall_k={self.recall_k})"
+
+    @property
+    def recall_name(self) -> str:
+        """How the recall is named on spans: its `name` attribute, else its class name."""
+        name = getattr(self.recall, "name", None)
+        return name if isinstance(name, str) else type(self.recall).__name__
+
+    def run(self, query: str) -> PipelineResult:
+        """Recall, then rerank; the CHAIN span covers both."""
+        _check_query(query)
+        with self._chain(query) as span:
+            with self._retriever(query) as retriever_span:
+                recalled = self._checked(self.recall.recall(query, self.recall_k))
+                self._record_documents(retriever_span, recalled)
+            results = self.stage.run(query, recalled)
+            return self._finish(span, query, recalled, results)
+
+    async def arun(self, query: str) -> PipelineResult:
+        """Async `run`: recall runs in a worker thread, the stage with `RerankStage.arun`."""
+        _check_query(query)
+        with self._chain(query) as span:
+            with self._retriever(query) as retriever_span:
+                found = await asyncio.to_thread(self.recall.recall, query, self.recall_k)
+                recalled = self._checked(found)
+                self._record_documents(retriever_span, recalled)
+            results = await self.stage.arun(query, recalled)
+            return self._finish(span, query, recalled, results)
+
+    # -- spans -------------------------------------------------------------------------------
+
+    @contextmanager
+    def _chain(self, query: str) -> Iterator[Span]:
+        attributes = {
+            **get_span_kind_attributes(OpenInferenceSpanKindValues.CHAIN),
+            **get_input_attributes(query, mime_type="text/plain"),
+            ATTR_RECALL: self.recall_name,
+            ATTR_RECALL_K: self.recall_k,
+        }
+        with self._tracer.start_as_current_span(
+            "pipeline", attributes=self._masked(attributes)
+        ) as span:
+            yield span
+
+    @contextmanager
+    def _retriever(self, query: str) -> Iterator[Span]:
+        attributes = {
+            **get_span_kind_attributes(OpenInferenceSpanKindValues.RETRIEVER),
+            **get_input_attributes(query, mime_type="text/plain"),
+            ATTR_RECALL: self.recall_name,
+            ATTR_RECALL_K: self.recall_k,
+        }
+        with self._tracer.start_as_current_span(
+            "recall", attributes=self._masked(attributes)
+        ) as span:
+            yield span
+
+    def _record_documents(self, span: Span, recalled: list[Candidate]) -> None:
+        """The recalled documents, head first, as many as the span's attribute limit allows."""
+        if not span.is_recording():
+            return
+        span.set_attribute(ATTR_DOCUMENTS, len(recalled))
+        limit = attribute_limit(span)
+        used = len(getattr(span, "attributes", None) or {})
+        budget = None if limit is None else limit - used - 1  # one slot for the omitted count
+        documents = [_document(c, self.stage.max_content_length) for c in recalled]
+        kept = 0
+        if budget is None:
+            kept = len(documents)
+        else:
+            for document in documents:
+                size = len(get_retriever_attributes(documents=[document]))
+                if size > budget:
+                    break
+                budget -= size
+                kept += 1
+        attributes = self._masked(get_retriever_attributes(documents=documents[:kept]))
+        if kept < len(recalled):
+            attributes[ATTR_RETRIEVAL_OMITTED] = len(recalled) - kept
+        span.set_attributes(attributes)
+
+    def _finish(
+        self, span: Span, query: str, recalled: list[Candidate], results: list[Reranked]
+    ) -> PipelineResult:
+        context = span.get_span_context()
+        if span.is_recording():
+            ids = json.dumps([r.candidate.id for r in results], ensure_ascii=False)
+            span.set_attributes(
+                self._masked(get_output_attributes(ids, mime_type="application/json"))
+            )
+        return PipelineResult(
+            query=query,
+            recalled=recalled,
+            results=results,
+            trace_id=format(context.trace_id, "032x") if context.is_valid else None,
+        )
+
+    def _masked(self, attributes: Mapping[str, Any]) -> dict[str, AttributeValue]:
+        """The attributes after ``OPENINFERENCE_HIDE_*`` masking; hidden ones are dropped."""
+        out: dict[str, AttributeValue] = {}
+        for key, value in attributes.items():
+            masked = self.trace_config.mask(key, value)
+            if masked is not None:
+                out[key] = masked
+        return out
+
+    def _checked(self, found: Any) -> list[Candidate]:
+        """Recall's output as a list of at most `recall_k` candidates, or TypeError."""
+        recalled = list(found)
+        for i, candidate in enumerate(recalled):
+            if not isinstance(candidate, Candidate):
+                raise TypeError(
+                    f"{self.recall_name}.recall() returned a {type(candidate).__name__} at "
+                    f"position {i}; it must return retrieval_stage.Candidate objects"
+                )
+        return recalled[: self.recall_k]
+
+
+def _check_query(query: str) -> None:
+    if not isinstance(query, str):
+        raise TypeError(f"query must be a str, got {type(query).__name__}")
+
+
+def _document(candidate: Candidate, max_content_length: int) -> Any:
+    """An OpenInference `Document` for the RETRIEVER span, content capped like the stage's."""
+    document: dict[str, Any] = {
+        "id": candidate.id,
+        "content": cap_content(candidate.text, max_content_length),
+    }
+    if candidate.score is not None:
+        document["score"] = candidate.score
+    if candidate.metadata:
+        document["metadata"] = json.dumps(
+            dict(candidate.metadata), ensure_ascii=False, default=str, sort_keys=True
+        )
+    return document
