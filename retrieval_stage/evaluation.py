@@ -1,0 +1,544 @@
+"""Is the reranker better? Recall's ranking against the reranked one, on judged queries.
+
+Metrics come from `ir-measures` (pytrec_eval underneath): MRR@10, nDCG@10, Recall@k and top-1
+accuracy (P@1), each averaged over every judged query, with a paired two-sided permutation test
+per metric (scipy) on the per-query differences. The readers accept TREC formats (topics as
+``qid<TAB>text``, qrels as ``qid iter docid rel``, runs as ``qid Q0 docid rank score tag``) and
+JSON lines, and name the file and line of anything they cannot read.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .models import Candidate
+from .stage import RerankStage, recall_order
+
+__all__ = [
+    "DEFAULT_RESAMPLES",
+    "EvalInputError",
+    "EvalReport",
+    "MetricComparison",
+    "Qrels",
+    "QueryMovement",
+    "compare_rankings",
+    "evaluate",
+    "metric_names",
+    "paired_permutation_test",
+    "per_query_scores",
+    "read_candidates",
+    "read_qrels",
+    "read_queries",
+    "recall_ranking",
+]
+
+Qrels = dict[str, dict[str, int]]
+"""Relevance judgements: query id → document id → grade (> 0 means relevant)."""
+
+DEFAULT_RESAMPLES = 9999
+"""Sign-flip resamples when the exact test (2**n) would be larger."""
+
+TOP1 = "top-1 accuracy"
+
+
+class EvalInputError(ValueError):
+    """An input file that cannot be read; the message names the file and the line."""
+
+    def __init__(self, path: str | Path, line: int | None, message: str) -> None:
+        self.path = str(path)
+        self.line = line
+        where = f"{self.path}, line {line}" if line is not None else self.path
+        super().__init__(f"{where}: {message}")
+
+
+# -- readers -----------------------------------------------------------------------------------
+
+
+def _lines(path: str | Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, stripped line) for each line that is not blank or a # comment."""
+    try:
+        with Path(path).open(encoding="utf-8") as handle:
+            for number, raw in enumerate(handle, start=1):
+                line = raw.strip()
+                if line and not line.startswith("#"):
+                    yield number, line
+    except FileNotFoundError:
+        raise EvalInputError(path, None, "no such file") from None
+    except UnicodeDecodeError as exc:
+        raise EvalInputError(path, None, f"not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:
+        raise EvalInputError(path, None, exc.strerror or str(exc)) from None
+
+
+def _is_jsonl(path: str | Path) -> bool:
+    first = next(_lines(path), None)
+    return first is not None and first[1].startswith("{")
+
+
+def _json_object(path: str | Path, number: int, line: str) -> dict[str, Any]:
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise EvalInputError(path, number, f"not valid JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise EvalInputError(path, number, f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _field(
+    path: str | Path, number: int, record: Mapping[str, Any], names: Sequence[str], kind: str
+) -> Any:
+    for name in names:
+        if name in record:
+            value = record[name]
+            if kind == "id" and isinstance(value, int) and not isinstance(value, bool):
+                return str(value)
+            if kind in ("id", "text") and not isinstance(value, str):
+                raise EvalInputError(
+                    path, number, f'"{name}" must be a string, got {type(value).__name__}'
+                )
+            return value
+    raise EvalInputError(path, number, f'missing "{names[0]}"')
+
+
+def read_queries(path: str | Path) -> dict[str, str]:
+    """Query id → text, from ``qid<TAB>text`` lines or JSON lines ``{"id", "text"}``.
+
+    JSON lines may also spell the fields ``query_id``/``qid`` and ``query``.
+    """
+    queries: dict[str, str] = {}
+    jsonl = _is_jsonl(path)
+    for number, line in _lines(path):
+        if jsonl:
+            record = _json_object(path, number, line)
+            qid = _field(path, number, record, ("id", "query_id", "qid"), "id")
+            text = _field(path, number, record, ("text", "query"), "text")
+        else:
+            qid, tab, text = line.partition("\t")
+            if not tab or not text.strip():
+                raise EvalInputError(path, number, "expected <query id><TAB><query text>")
+        if qid in queries:
+            raise EvalInputError(path, number, f"query {qid!r} appears twice")
+        queries[qid] = text.strip()
+    return queries
+
+
+def read_qrels(path: str | Path) -> Qrels:
+    """Judgements from TREC qrels (``qid iter docid rel``) or JSON lines.
+
+    JSON lines: ``{"query_id", "doc_id", "relevance"}``. Grades are integers; a document judged
+    twice for one query is an error.
+    """
+    qrels: Qrels = {}
+    jsonl = _is_jsonl(path)
+    for number, line in _lines(path):
+        if jsonl:
+            record = _json_object(path, number, line)
+            qid = _field(path, number, record, ("query_id", "qid"), "id")
+            doc = _field(path, number, record, ("doc_id", "docid", "id"), "id")
+            grade: Any = _field(path, number, record, ("relevance", "rel"), "grade")
+        else:
+            parts = line.split()
+            if len(parts) != 4:
+                raise EvalInputError(
+                    path, number, f"expected 4 columns (qid iter docid rel), got {len(parts)}"
+                )
+            qid, _, doc, grade = parts
+        try:
+            value = _grade(grade)
+        except ValueError:
+            raise EvalInputError(
+                path, number, f"relevance must be an integer, got {grade!r}"
+            ) from None
+        judged = qrels.setdefault(qid, {})
+        if doc in judged:
+            raise EvalInputError(path, number, f"{doc!r} is judged twice for query {qid!r}")
+        judged[doc] = value
+    return qrels
+
+
+def _grade(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        return int(value)
+    raise ValueError(value)
+
+
+def read_candidates(
+    path: str | Path, documents: Mapping[str, Candidate] | None = None
+) -> dict[str, list[Candidate]]:
+    """Each query's recall candidates, in file order, from JSON lines or a TREC run.
+
+    JSON lines: ``{"query_id", "id", "text", "score"?, "metadata"?}``; ``text`` may be left out
+    when `documents` has the id. A TREC run (``qid Q0 docid rank score tag``) carries no text,
+    so every docid must be in `documents`. A candidate listed twice for one query is an error.
+    """
+    found: dict[str, list[Candidate]] = {}
+    seen: dict[str, set[str]] = {}
+    jsonl = _is_jsonl(path)
+    for number, line in _lines(path):
+        if jsonl:
+            record = _json_object(path, number, line)
+            qid = _field(path, number, record, ("query_id", "qid"), "id")
+            doc = _field(path, number, record, ("id", "doc_id", "docid"), "id")
+            text = record.get("text")
+            if text is not None:
+                text = _field(path, number, record, ("text",), "text")
+            score = record.get("score")
+            metadata = record.get("metadata")
+        else:
+            parts = line.split()
+            if len(parts) != 6:
+                raise EvalInputError(
+                    path,
+                    number,
+                    f"expected 6 columns (qid Q0 docid rank score tag), got {len(parts)}",
+                )
+            qid, doc, text, metadata = parts[0], parts[2], None, None
+            try:
+                score = float(parts[4])
+            except ValueError:
+                raise EvalInputError(path, number, f"score {parts[4]!r} is not a number") from None
+        if text is None:
+            known = documents.get(doc) if documents is not None else None
+            if known is None:
+                raise EvalInputError(
+                    path, number, f"no text for document {doc!r} (give it, or pass its corpus)"
+                )
+            text, metadata = known.text, metadata or known.metadata
+        try:
+            candidate = Candidate(doc, text, score, metadata or {})
+        except (TypeError, ValueError) as exc:
+            raise EvalInputError(path, number, str(exc)) from None
+        if doc in seen.setdefault(qid, set()):
+            raise EvalInputError(path, number, f"{doc!r} is listed twice for query {qid!r}")
+        seen[qid].add(doc)
+        found.setdefault(qid, []).append(candidate)
+    return found
+
+
+def recall_ranking(candidates: Sequence[Candidate]) -> list[str]:
+    """Document ids in recall order: by score, best first; unscored last; ties in input order."""
+    return [candidates[i].id for i in recall_order(candidates)]
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+
+def _measures(recall_at: int) -> list[tuple[str, Any]]:
+    from ir_measures import RR, P, R, nDCG
+
+    return [
+        ("MRR@10", RR @ 10),
+        ("nDCG@10", nDCG @ 10),
+        (f"Recall@{recall_at}", R @ recall_at),
+        (TOP1, P @ 1),
+    ]
+
+
+def metric_names(recall_at: int) -> list[str]:
+    """The metric names a report carries, in order."""
+    return [name for name, _ in _measures(recall_at)]
+
+
+def per_query_scores(
+    rankings: Mapping[str, Sequence[str]],
+    qrels: Qrels,
+    query_ids: Sequence[str],
+    *,
+    recall_at: int = 5,
+) -> dict[str, dict[str, float]]:
+    """Metric name → query id → value, for each of `query_ids`.
+
+    Each ranking is scored exactly in the order given (ir-measures sees descending scores
+    derived from the rank, so tied scores can never be reordered by document id). A query with
+    no ranking scores 0 on every metric rather than dropping out of the average.
+    """
+    import ir_measures
+
+    measures = _measures(recall_at)
+    name_of = {measure: name for name, measure in measures}
+    wanted = set(query_ids)
+    judged = [
+        ir_measures.Qrel(qid, doc, grade)
+        for qid, docs in qrels.items()
+        if qid in wanted
+        for doc, grade in docs.items()
+    ]
+    run = [
+        ir_measures.ScoredDoc(qid, doc, float(len(ranking) - position))
+        for qid, ranking in rankings.items()
+        if qid in wanted
+        for position, doc in enumerate(ranking)
+    ]
+    scores = {name: dict.fromkeys(query_ids, 0.0) for name, _ in measures}
+    if judged and run:
+        for metric in ir_measures.iter_calc([m for _, m in measures], judged, run):
+            scores[name_of[metric.measure]][metric.query_id] = float(metric.value)
+    return scores
+
+
+def paired_permutation_test(
+    a: Sequence[float], b: Sequence[float], *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
+) -> float:
+    """Two-sided p-value that paired samples `a` and `b` have the same mean.
+
+    A sign-flip (paired permutation) test of the mean difference, with scipy: exact when
+    ``2**n <= resamples``, else `resamples` random flips from `seed` (so a report is
+    reproducible). It assumes nothing about the shape of the differences, which for rank
+    metrics on a few queries are far from normal. Identical samples, or fewer than two pairs,
+    give 1.0.
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired samples differ in length: {len(a)} and {len(b)}")
+    if len(a) < 2 or all(x == y for x, y in zip(a, b, strict=True)):
+        return 1.0  # one pair's two sign flips are equally extreme: no evidence either way
+    import numpy as np
+    from scipy import stats  # type: ignore[import-untyped]
+
+    def mean_difference(x: Any, y: Any, axis: int) -> Any:
+        return np.mean(x - y, axis=axis)
+
+    generator = np.random.default_rng(seed)
+    seeded = (
+        {"rng": generator}
+        if "rng" in inspect.signature(stats.permutation_test).parameters
+        else {"random_state": generator}
+    )
+    result = stats.permutation_test(
+        (np.asarray(a, dtype=float), np.asarray(b, dtype=float)),
+        mean_difference,
+        permutation_type="samples",
+        vectorized=True,
+        n_resamples=resamples,
+        alternative="two-sided",
+        **seeded,
+    )
+    return min(1.0, float(result.pvalue))
+
+
+# -- the report --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MetricComparison:
+    """One metric averaged over the judged queries, before and after reranking."""
+
+    name: str
+    recall: float
+    reranked: float
+    p_value: float
+
+    @property
+    def delta(self) -> float:
+        """Reranked minus recall."""
+        return self.reranked - self.recall
+
+
+@dataclass(frozen=True, slots=True)
+class QueryMovement:
+    """One query: where its first relevant document was, before and after reranking.
+
+    Ranks are 1-based, None when no relevant document is in the ranking. `recall` and
+    `reranked` hold the query's value for each metric.
+    """
+
+    query_id: str
+    query: str
+    first_relevant_recall: int | None
+    first_relevant_reranked: int | None
+    recall: Mapping[str, float]
+    reranked: Mapping[str, float]
+
+    @property
+    def movement(self) -> str:
+        """``↑2``, ``↓1``, ``=``, ``found`` (only reranked has one), ``lost`` or ``-`` (neither)."""
+        before, after = self.first_relevant_recall, self.first_relevant_reranked
+        if before is None and after is None:
+            return "-"
+        if before is None:
+            return "found"
+        if after is None:
+            return "lost"
+        if after < before:
+            return f"↑{before - after}"
+        if after > before:
+            return f"↓{after - before}"
+        return "="
+
+
+@dataclass(frozen=True, slots=True)
+class EvalReport:
+    """Recall against reranked over the judged queries.
+
+    `metrics` holds each metric's means and paired p-value; `per_query` each query's
+    movement; `top1_recall`/`top1_reranked` count queries whose first result is relevant, out of
+    `queries`. `unjudged` lists query ids left out because no document is judged relevant.
+    """
+
+    queries: int
+    metrics: list[MetricComparison]
+    per_query: list[QueryMovement]
+    top1_recall: int
+    top1_reranked: int
+    unjudged: list[str] = field(default_factory=list)
+    test: str = "paired two-sided permutation test (sign flips) of the per-query mean difference"
+
+    def metric(self, name: str) -> MetricComparison:
+        """The comparison named `name` (``MRR@10``, ``nDCG@10``, ``Recall@5``, ...)."""
+        for comparison in self.metrics:
+            if comparison.name == name:
+                return comparison
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form (what ``retrieval-stage eval --json`` prints)."""
+        return {
+            "queries": self.queries,
+            "top1": {
+                "recall": self.top1_recall,
+                "reranked": self.top1_reranked,
+                "of": self.queries,
+            },
+            "metrics": {
+                m.name: {
+                    "recall": m.recall,
+                    "reranked": m.reranked,
+                    "delta": m.delta,
+                    "p_value": m.p_value,
+                }
+                for m in self.metrics
+            },
+            "significance_test": self.test,
+            "per_query": [
+                {
+                    "query_id": q.query_id,
+                    "query": q.query,
+                    "first_relevant_rank": {
+                        "recall": q.first_relevant_recall,
+                        "reranked": q.first_relevant_reranked,
+                    },
+                    "movement": q.movement,
+                    "recall": dict(q.recall),
+                    "reranked": dict(q.reranked),
+                }
+                for q in self.per_query
+            ],
+            "unjudged": list(self.unjudged),
+        }
+
+
+def compare_rankings(
+    recall: Mapping[str, Sequence[str]],
+    reranked: Mapping[str, Sequence[str]],
+    qrels: Qrels,
+    *,
+    queries: Mapping[str, str] | None = None,
+    recall_at: int = 5,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> EvalReport:
+    """Score both rankings on every judged query and compare them.
+
+    The judged queries are those of `queries` (default: every query in `qrels`) with at least
+    one document graded above 0; the others are listed in `unjudged`. Rankings are document ids,
+    best first.
+    """
+    if isinstance(recall_at, bool) or not isinstance(recall_at, int) or recall_at < 1:
+        raise ValueError(f"recall_at must be an int >= 1, got {recall_at!r}")
+    texts: Mapping[str, str] = queries if queries is not None else dict.fromkeys(qrels, "")
+    judged = [qid for qid in texts if any(g > 0 for g in qrels.get(qid, {}).values())]
+    unjudged = [qid for qid in texts if qid not in set(judged)]
+    before = per_query_scores(recall, qrels, judged, recall_at=recall_at)
+    after = per_query_scores(reranked, qrels, judged, recall_at=recall_at)
+    metrics = [
+        MetricComparison(
+            name=name,
+            recall=_mean([before[name][q] for q in judged]),
+            reranked=_mean([after[name][q] for q in judged]),
+            p_value=paired_permutation_test(
+                [after[name][q] for q in judged],
+                [before[name][q] for q in judged],
+                resamples=resamples,
+                seed=seed,
+            ),
+        )
+        for name in metric_names(recall_at)
+    ]
+    per_query = [
+        QueryMovement(
+            query_id=qid,
+            query=texts[qid],
+            first_relevant_recall=_first_relevant(recall.get(qid, ()), qrels[qid]),
+            first_relevant_reranked=_first_relevant(reranked.get(qid, ()), qrels[qid]),
+            recall={name: before[name][qid] for name in before},
+            reranked={name: after[name][qid] for name in after},
+        )
+        for qid in judged
+    ]
+    return EvalReport(
+        queries=len(judged),
+        metrics=metrics,
+        per_query=per_query,
+        top1_recall=round(sum(before[TOP1].values())),
+        top1_reranked=round(sum(after[TOP1].values())),
+        unjudged=unjudged,
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return math.fsum(values) / len(values) if values else 0.0
+
+
+def _first_relevant(ranking: Sequence[str], judged: Mapping[str, int]) -> int | None:
+    for rank, doc in enumerate(ranking, start=1):
+        if judged.get(doc, 0) > 0:
+            return rank
+    return None
+
+
+def evaluate(
+    stage: RerankStage,
+    queries: Mapping[str, str],
+    qrels: Qrels,
+    candidates: Mapping[str, Sequence[Candidate]],
+    *,
+    recall_at: int = 5,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> EvalReport:
+    """Rerank each judged query's candidates with `stage` and compare against recall order.
+
+    Recall's ranking is the candidates by their recall score; the reranked one is the stage's
+    output. `progress` is called with each query id once it is reranked. A stage built with
+    ``on_error="raise"`` stops the evaluation at the first reranker failure; with
+    ``"fallback"`` a failed query keeps its recall order (and so counts as no change).
+    """
+    judged = [qid for qid in queries if any(g > 0 for g in qrels.get(qid, {}).values())]
+    recall: dict[str, list[str]] = {}
+    reranked: dict[str, list[str]] = {}
+    for qid in judged:
+        pool = list(candidates.get(qid, ()))
+        recall[qid] = recall_ranking(pool)
+        reranked[qid] = [r.candidate.id for r in stage.run(queries[qid], pool)]
+        if progress is not None:
+            progress(qid)
+    return compare_rankings(
+        recall,
+        reranked,
+        qrels,
+        queries=queries,
+        recall_at=recall_at,
+        resamples=resamples,
+        seed=seed,
+    )
