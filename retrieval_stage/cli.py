@@ -1,0 +1,977 @@
+"""The ``retrieval-stage`` command: run recall→rerank, see what moved, measure the lift.
+
+``demo`` recalls from the bundled standard-library corpus and reranks, ``rerank`` reorders
+candidates given as JSON lines, ``eval`` compares recall with reranked on judged queries. Each
+command says which reranker ran and where its spans went. Exit codes: 0 done, 2 bad usage or
+input (nothing was reranked), 1 the reranker or the run failed.
+
+This is an application, so unlike the library it configures logging and tracing, and prints.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import os
+import socket
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+from urllib.parse import urlsplit
+
+import typer
+from openinference.semconv.trace import SpanAttributes
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from .errors import RerankError
+from .models import Candidate
+from .providers import PROVIDERS
+
+__all__ = ["app", "main"]
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+MAX_ERRORS_SHOWN = 10
+SNIPPET_CHARS = 72
+DEFAULT_QUERY = "serialize a Python object to a JSON string"
+COMPOSE_UP = "docker compose -f docker/compose.yaml up tei"
+COMPOSE_HINT = (
+    f"start TEI from the compose stack ({COMPOSE_UP}) and pass --endpoint http://localhost:8080"
+)
+
+app = typer.Typer(
+    name="retrieval-stage",
+    help="Run recall→rerank, see what the reranker moved, and measure the lift.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,  # never dump locals (an API key may be among them)
+)
+
+
+class RerankerChoice(str, enum.Enum):
+    """Which reranker runs when no --endpoint is given."""
+
+    auto = "auto"
+    local = "local"
+    lexical = "lexical"
+
+
+class OutputFormat(str, enum.Enum):
+    """How `rerank` prints its results."""
+
+    jsonl = "jsonl"
+    table = "table"
+
+
+def _check_provider(value: str) -> str:
+    name = value.strip().lower()
+    if name not in PROVIDERS:
+        raise typer.BadParameter(f"{value!r} is not one of: {', '.join(PROVIDERS)}")
+    return name
+
+
+Endpoint = Annotated[
+    str | None,
+    typer.Option(
+        "--endpoint",
+        envvar="RERANK_ENDPOINT",
+        help="Base URL of a rerank service, e.g. TEI at http://localhost:8080. "
+        "Without it the reranker runs in this process (see --reranker).",
+        show_default=False,
+    ),
+]
+Provider = Annotated[
+    str,
+    typer.Option(
+        "--provider",
+        envvar="RERANK_PROVIDER",
+        callback=_check_provider,
+        help=f"Wire format of --endpoint: {', '.join(PROVIDERS)}.",
+    ),
+]
+Model = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        envvar="RERANK_MODEL",
+        help="With --endpoint: the model name sent to the service. Without: the local "
+        "cross-encoder, a Hugging Face id or a model directory "
+        "(default cross-encoder/ms-marco-MiniLM-L-6-v2).",
+        show_default=False,
+    ),
+]
+ApiKey = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar="RERANK_API_KEY",
+        help="Credential for --endpoint, sent in the 'apikey' header. Prefer the variable.",
+        show_default=False,
+    ),
+]
+Timeout = Annotated[
+    float,
+    typer.Option("--timeout", min=0.1, help="Seconds for one rerank call, retries included."),
+]
+RerankerOpt = Annotated[
+    RerankerChoice,
+    typer.Option(
+        "--reranker",
+        help="Without --endpoint: 'local' runs the cross-encoder (needs the [local] extra), "
+        "'lexical' a bag-of-words fallback, 'auto' the cross-encoder when it can load, "
+        "else lexical.",
+    ),
+]
+TraceFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--trace-file",
+        help="Also write the spans to this file as OTLP/JSON lines (appended).",
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+LogLevel = Annotated[
+    str,
+    typer.Option("--log-level", help="Log level for stderr: debug, info, warning, error."),
+]
+
+
+# -- consoles and errors ---------------------------------------------------------------------
+
+
+def _out() -> Console:
+    return Console(soft_wrap=False)
+
+
+def _err() -> Console:
+    return Console(stderr=True, soft_wrap=False)
+
+
+def _fail(code: int, message: str, *details: str) -> NoReturn:
+    """Print ``error: message`` (and details) to stderr and exit with `code`; no traceback."""
+    err = _err()
+    err.print(Text("error: ", style="bold red") + Text(message))
+    for detail in details:
+        err.print(Text(f"  {detail}"))
+    raise typer.Exit(code)
+
+
+def _note(console: Console, message: str, style: str = "dim") -> None:
+    console.print(Text(message, style=style))
+
+
+# -- choosing the reranker -------------------------------------------------------------------
+
+
+@dataclass
+class Chosen:
+    """The reranker a command runs, how to describe it, and how to let it go."""
+
+    reranker: Any
+    label: str
+    hint: str | None = None
+    close: Callable[[], None] = field(default=lambda: None)
+
+
+def _lexical(reason: str | None = None) -> Chosen:
+    from .local import DEFAULT_LOCAL_MODEL, INSTALL_HINT, LexicalReranker
+
+    why = f"{reason}. " if reason else ""
+    return Chosen(
+        LexicalReranker(),
+        "lexical (bag-of-words term coverage and proximity; not a model)",
+        hint=f"{why}For a real reranker: {INSTALL_HINT} to run {DEFAULT_LOCAL_MODEL} in "
+        f"process, or {COMPOSE_HINT}.",
+    )
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connect: a failed download retries for ~50s."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    host = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname
+    if not host:
+        return False
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _local(model: str | None, choice: RerankerChoice) -> Chosen:
+    """The cross-encoder, loaded now; under 'auto' any reason it cannot load means lexical."""
+    from .local import (
+        DEFAULT_LOCAL_MODEL,
+        INSTALL_HINT,
+        CrossEncoderReranker,
+        local_available,
+        model_in_cache,
+    )
+
+    name = model or DEFAULT_LOCAL_MODEL
+    strict = choice is RerankerChoice.local
+    if not local_available():
+        if strict:
+            _fail(EXIT_USAGE, "--reranker local needs sentence-transformers", INSTALL_HINT)
+        return _lexical("sentence-transformers is not installed")
+    on_disk = Path(name).is_dir() or model_in_cache(name)
+    if not on_disk and not _hub_reachable():
+        reason = f"the model {name} is not downloaded and the Hugging Face hub is unreachable"
+        if strict:
+            _fail(
+                EXIT_FAILURE,
+                reason,
+                "download it once with network access, or pass --model DIR (a model "
+                f"directory), or {COMPOSE_HINT}",
+            )
+        return _lexical(reason)
+    reranker = CrossEncoderReranker(name, local_files_only=on_disk)
+    try:
+        with _err().status(f"loading {name}…"):
+            reranker.load()
+    except RerankError as exc:
+        if strict:
+            _fail(EXIT_FAILURE, str(exc))
+        return _lexical(f"the cross-encoder could not load ({exc})")
+    return Chosen(reranker, f"local cross-encoder {reranker.model_name} (in process)")
+
+
+def choose_reranker(
+    *,
+    endpoint: str | None,
+    provider: str,
+    model: str | None,
+    api_key: str | None,
+    timeout: float,
+    choice: RerankerChoice,
+) -> Chosen:
+    """An HTTP client for `endpoint`; else the local cross-encoder or the lexical fallback."""
+    if endpoint:
+        if choice is not RerankerChoice.auto:
+            _fail(EXIT_USAGE, f"--reranker {choice.value} cannot be combined with --endpoint")
+        from .client import RerankClient
+
+        try:
+            client = RerankClient(
+                endpoint, provider=provider, model=model, api_key=api_key, timeout=timeout
+            )
+        except (TypeError, ValueError) as exc:
+            _fail(EXIT_USAGE, f"--endpoint: {exc}")
+        shown = f" model {model}" if model else ""
+        return Chosen(client, f"{provider} at {client.base_url}{shown}", close=client.close)
+    if choice is RerankerChoice.lexical:
+        return _lexical()
+    return _local(model, choice)
+
+
+# -- tracing and logging ---------------------------------------------------------------------
+
+
+class _Tally(SpanProcessor):
+    """A span processor that counts finished spans per trace, for the closing summary."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+        self.traces: dict[str, list[str]] = {}
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.spans += 1
+        trace_id = format(span.context.trace_id, "032x") if span.context else "?"
+        kind = (span.attributes or {}).get(SpanAttributes.OPENINFERENCE_SPAN_KIND)
+        label = f"{span.name} ({kind})" if kind else span.name
+        labels = self.traces.setdefault(trace_id, [])
+        if span.parent is None:
+            labels.insert(0, label)  # the root first: it ends last
+        else:
+            labels.append(label)
+
+
+@dataclass
+class Tracing:
+    """The command's tracer provider and where its spans go."""
+
+    provider: Any
+    destinations: list[str]
+    tally: _Tally
+
+    def summary(self) -> str:
+        """One line: how many spans, which trace, and where they went (or how to send them)."""
+        if not self.tally.traces:
+            return "spans: none recorded"
+        traces = list(self.tally.traces)
+        which = f"trace {traces[0]}" if len(traces) == 1 else f"{len(traces)} traces"
+        head = f"spans: {self.tally.spans} in {which}"
+        if self.destinations:
+            return f"{head}, {' and '.join(self.destinations)}"
+        root, *children = self.tally.traces[traces[0]]
+        counted = Counter(children)
+        shown = ", ".join(f"{n}x {label}" if n > 1 else label for label, n in counted.items())
+        names = f"{root} → {shown}" if children else root
+        return (
+            f"{head} ({names}) — not exported: set OTEL_EXPORTER_OTLP_ENDPOINT "
+            "(e.g. http://localhost:4318) or pass --trace-file FILE"
+        )
+
+
+def start_tracing(trace_file: Path | None) -> Tracing:
+    """OTLP when ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` is set, plus `trace_file` if given."""
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from .telemetry import DEFAULT_SERVICE_NAME, DEFAULT_SPAN_ATTRIBUTE_LIMIT, configure_tracing
+    from .trace_file import OtlpJsonLinesExporter
+
+    destinations: list[str] = []
+    otlp = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if otlp:
+        try:
+            provider = configure_tracing()
+        except ValueError as exc:
+            _fail(EXIT_USAGE, f"OTLP tracing: {exc}")
+        destinations.append(f"sent to OTLP at {otlp}")
+    else:
+        name = os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
+        provider = TracerProvider(
+            resource=Resource.create({SERVICE_NAME: name}),
+            span_limits=SpanLimits(max_span_attributes=DEFAULT_SPAN_ATTRIBUTE_LIMIT),
+        )
+    if trace_file is not None:
+        try:
+            trace_file.parent.mkdir(parents=True, exist_ok=True)
+            trace_file.open("a", encoding="utf-8").close()
+        except OSError as exc:
+            _fail(EXIT_USAGE, f"--trace-file {trace_file}: {exc.strerror or exc}")
+        provider.add_span_processor(BatchSpanProcessor(OtlpJsonLinesExporter(trace_file)))
+        destinations.append(f"written to {trace_file} (OTLP/JSON lines)")
+    tally = _Tally()
+    provider.add_span_processor(tally)
+    return Tracing(provider, destinations, tally)
+
+
+def _logging(level: str) -> None:
+    from .telemetry import configure_logging
+
+    try:
+        configure_logging(level, stream=sys.stderr, json=not sys.stderr.isatty())
+    except ValueError:
+        _fail(EXIT_USAGE, f"--log-level: unknown level {level!r}")
+
+
+@contextmanager
+def _session(
+    *,
+    log_level: str,
+    trace_file: Path | None,
+    endpoint: str | None,
+    provider: str,
+    model: str | None,
+    api_key: str | None,
+    timeout: float,
+    choice: RerankerChoice,
+) -> Iterator[tuple[Chosen, Tracing]]:
+    """Logging, tracing and the reranker for one command; flushes spans and says where."""
+    _logging(log_level)
+    tracing = start_tracing(trace_file)
+    try:
+        chosen = choose_reranker(
+            endpoint=endpoint,
+            provider=provider,
+            model=model,
+            api_key=api_key,
+            timeout=timeout,
+            choice=choice,
+        )
+        try:
+            yield chosen, tracing
+        finally:
+            chosen.close()
+    finally:
+        tracing.provider.shutdown()
+        if tracing.tally.spans:
+            _note(_err(), tracing.summary())
+
+
+# -- reading candidates ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LineError:
+    """A problem with one input line (1-based)."""
+
+    line: int
+    message: str
+
+
+def parse_candidates(lines: Sequence[str]) -> tuple[list[Candidate], list[LineError]]:
+    """Candidates from JSON lines ``{"id", "text", "score"?, "metadata"?}``, and every error.
+
+    Every line is checked before anything is reranked; blank lines are skipped, other keys
+    ignored. An id may be a string or an integer, and must be unique.
+    """
+    candidates: list[Candidate] = []
+    errors: list[LineError] = []
+    first_seen: dict[str, int] = {}
+    for number, raw in enumerate(lines, start=1):
+        if not raw.strip():
+            continue
+        problem, candidate = _parse_line(raw)
+        if candidate is not None and candidate.id in first_seen:
+            problem = f'id "{candidate.id}" was already given on line {first_seen[candidate.id]}'
+        if problem is not None:
+            errors.append(LineError(number, problem))
+            continue
+        assert candidate is not None
+        first_seen[candidate.id] = number
+        candidates.append(candidate)
+    return candidates, errors
+
+
+def _parse_line(raw: str) -> tuple[str | None, Candidate | None]:
+    try:
+        record = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return f"not valid JSON: {exc.msg} (column {exc.colno})", None
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}", None
+    if "id" not in record:
+        return 'missing "id"', None
+    ident = record["id"]
+    if isinstance(ident, bool) or not isinstance(ident, (str, int)):
+        return f'"id" must be a string or an integer, got {_json_type(ident)}', None
+    text = record.get("text")
+    if not isinstance(text, str):
+        return ('missing "text"' if text is None else f'"text" must be a string, got '
+                f"{_json_type(text)}"), None  # fmt: skip
+    score = record.get("score")
+    if score is not None and (
+        isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score)
+    ):
+        return f'"score" must be a finite number or null, got {json.dumps(score)}', None
+    metadata = record.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        return f'"metadata" must be an object or null, got {_json_type(metadata)}', None
+    return None, Candidate(str(ident), text, score, metadata or {})
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+    names.update({list: "an array", dict: "an object", type(None): "null"})
+    return names.get(type(value), type(value).__name__)
+
+
+def _read_lines(source: str) -> list[str]:
+    """The lines of `source` (a path, or ``-`` for stdin); exit 2 when it cannot be read."""
+    try:
+        if source == "-":
+            if sys.stdin.isatty():
+                _note(_err(), "reading candidates from stdin (JSON lines; end with Ctrl-D)")
+            return sys.stdin.read().splitlines()
+        return Path(source).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        _fail(EXIT_USAGE, f"--input {source}: no such file")
+    except IsADirectoryError:
+        _fail(EXIT_USAGE, f"--input {source}: is a directory")
+    except UnicodeDecodeError as exc:
+        _fail(EXIT_USAGE, f"--input {source}: not UTF-8 text ({exc.reason})")
+    except OSError as exc:
+        _fail(EXIT_USAGE, f"--input {source}: {exc.strerror or exc}")
+
+
+def _read_candidates(source: str, what: str) -> list[Candidate]:
+    candidates, errors = parse_candidates(_read_lines(source))
+    if errors:
+        shown = [f"line {e.line}: {e.message}" for e in errors[:MAX_ERRORS_SHOWN]]
+        if len(errors) > MAX_ERRORS_SHOWN:
+            shown.append(f"… and {len(errors) - MAX_ERRORS_SHOWN} more")
+        name = "stdin" if source == "-" else source
+        plural = "s" if len(errors) > 1 else ""
+        _fail(
+            EXIT_USAGE, f"{what} {name}: {len(errors)} bad line{plural}, nothing reranked", *shown
+        )
+    return candidates
+
+
+# -- output ----------------------------------------------------------------------------------
+
+
+def _snippet(text: str, width: int = SNIPPET_CHARS) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"
+
+
+def _number(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4g}" if abs(value) >= 1e4 else f"{value:.3f}"
+
+
+def _changes_table(
+    changes: Sequence[Any], *, score_label: str, recall_label: str, width: int
+) -> Table:
+    """Final rank, recall rank, movement, both scores, id and a snippet, fitted to `width`."""
+    rows = [
+        (
+            str(c.rank),
+            str(c.recall_rank),
+            c.movement,
+            _number(c.score),
+            _number(c.recall_score),
+            c.candidate.id,
+            c,
+        )
+        for c in changes
+    ]
+    headers = ("rank", "recall", "move", score_label, recall_label, "id")
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    widths[5] = min(widths[5], 40)
+    snippet_width = max(12, width - sum(widths) - 3 * len(headers))
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    for i, header in enumerate(headers):
+        table.add_column(
+            header,
+            justify="left" if i == 5 else "center" if i == 2 else "right",
+            no_wrap=True,
+            overflow="ellipsis",
+            width=widths[i],
+        )
+    table.add_column("snippet", no_wrap=True, overflow="ellipsis", width=snippet_width)
+    for rank, recall_rank, movement, score, recall_score, ident, change in rows:
+        style = "green" if change.is_new or change.moved > 0 else "red" if change.moved < 0 else ""
+        table.add_row(
+            rank,
+            recall_rank,
+            Text(movement, style=style),
+            score,
+            recall_score,
+            Text(ident),
+            Text(_snippet(change.candidate.text, snippet_width)),
+        )
+    return table
+
+
+def _say_reranker(console: Console, chosen: Chosen) -> None:
+    console.print(Text("reranker: ", style="bold") + Text(chosen.label))
+    if chosen.hint:
+        _note(console, chosen.hint, style="yellow")
+
+
+def _rerank_failed(chosen: Chosen, exc: RerankError) -> NoReturn:
+    base_url = getattr(chosen.reranker, "base_url", None)
+    detail = (
+        [f"is the rerank service at {base_url} up? For a local TEI: {COMPOSE_UP}"]
+        if isinstance(base_url, str)
+        else []
+    )
+    _fail(EXIT_FAILURE, f"rerank failed: {exc}", *detail)
+
+
+# -- commands --------------------------------------------------------------------------------
+
+
+@app.command()
+def demo(
+    query: Annotated[
+        str, typer.Argument(help="What to search the bundled corpus for.")
+    ] = DEFAULT_QUERY,
+    top_k: Annotated[int, typer.Option("--top-k", min=1, help="Results to show.")] = 10,
+    recall_k: Annotated[
+        int, typer.Option("--recall-k", min=1, help="Candidates recall hands to the reranker.")
+    ] = 50,
+    corpus: Annotated[
+        Path | None,
+        typer.Option(
+            "--corpus",
+            help="Search this corpus instead: JSON lines {id, text, metadata?}.",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    endpoint: Endpoint = None,
+    provider: Provider = "tei",
+    model: Model = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 30.0,
+    reranker: RerankerOpt = RerankerChoice.auto,
+    trace_file: TraceFile = None,
+    log_level: LogLevel = "warning",
+) -> None:
+    """Recall from the bundled corpus of Python docstrings, rerank, and show what moved.
+
+    Runs with no server and no network: BM25 recall over ~1,500 standard-library docstrings,
+    then the local cross-encoder (with the [local] extra) or the lexical fallback, or the
+    service at --endpoint.
+    """
+    if not query.strip():
+        _fail(EXIT_USAGE, "the query must not be empty")
+    from .corpus import load_corpus
+    from .pipeline import Pipeline
+    from .recall import BM25Recall
+    from .stage import RerankStage
+
+    documents = load_corpus() if corpus is None else _read_candidates(str(corpus), "--corpus")
+    if not documents:
+        _fail(EXIT_USAGE, f"--corpus {corpus}: no documents")
+    where = "Python standard-library docstrings" if corpus is None else str(corpus)
+    out = _out()
+    with _session(
+        log_level=log_level,
+        trace_file=trace_file,
+        endpoint=endpoint,
+        provider=provider,
+        model=model,
+        api_key=api_key,
+        timeout=timeout,
+        choice=reranker,
+    ) as (chosen, tracing):
+        stage = RerankStage(
+            chosen.reranker, top_k=top_k, on_error="raise", tracer_provider=tracing.provider
+        )
+        pipeline = Pipeline(
+            BM25Recall(documents), stage, recall_k=recall_k, tracer_provider=tracing.provider
+        )
+        try:
+            result = pipeline.run(query)
+        except RerankError as exc:
+            _rerank_failed(chosen, exc)
+        out.print(Text("query: ", style="bold") + Text(query))
+        out.print(
+            Text("recall: ", style="bold")
+            + Text(f"BM25 over {len(documents):,} {where}: {len(result.recalled)} candidates")
+        )
+        _say_reranker(out, chosen)
+        if not result.results:
+            _note(out, "no document shares a word with the query: nothing to rerank")
+            return
+        out.print(
+            _changes_table(
+                result.changes, score_label="score", recall_label="bm25", width=out.width
+            )
+        )
+
+
+@app.command()
+def rerank(
+    query: Annotated[str, typer.Option("--query", "-q", help="The query to rank against.")],
+    input_: Annotated[
+        str,
+        typer.Option(
+            "--input",
+            "-i",
+            help='Candidates as JSON lines {"id", "text", "score"?, "metadata"?}: a file, '
+            "or - for stdin.",
+        ),
+    ] = "-",
+    top_k: Annotated[
+        int | None,
+        typer.Option(
+            "--top-k", min=0, help="Keep the best K (0 or unset: all).", show_default=False
+        ),
+    ] = None,
+    output_format: Annotated[
+        OutputFormat,
+        typer.Option(
+            "--format",
+            help='jsonl: {"id", "score", "recall_score", "rank", "recall_rank"} per line, best '
+            "first; table: for people.",
+        ),
+    ] = OutputFormat.jsonl,
+    endpoint: Endpoint = None,
+    provider: Provider = "tei",
+    model: Model = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 30.0,
+    reranker: RerankerOpt = RerankerChoice.auto,
+    trace_file: TraceFile = None,
+    log_level: LogLevel = "warning",
+) -> None:
+    """Rerank candidates given as JSON lines; print them best first.
+
+    Every input line is checked first: a bad line is reported with its number, exit code 2,
+    and nothing is written to stdout. Ranks are 1-based; recall_rank orders the input by its
+    "score" (best first, unscored last, ties in input order).
+    """
+    if not query.strip():
+        _fail(EXIT_USAGE, "--query must not be empty")
+    candidates = _read_candidates(input_, "--input")
+    err = _err()
+    if not candidates:
+        _note(err, "no candidates on the input: nothing to rerank")
+        return
+    from .pipeline import compare_ranks
+    from .stage import RerankStage
+
+    with _session(
+        log_level=log_level,
+        trace_file=trace_file,
+        endpoint=endpoint,
+        provider=provider,
+        model=model,
+        api_key=api_key,
+        timeout=timeout,
+        choice=reranker,
+    ) as (chosen, tracing):
+        stage = RerankStage(
+            chosen.reranker, top_k=top_k or None, on_error="raise", tracer_provider=tracing.provider
+        )
+        try:
+            outputs = stage.run(query, candidates)
+        except RerankError as exc:
+            _rerank_failed(chosen, exc)
+        changes = compare_ranks(candidates, outputs)
+        if output_format is OutputFormat.table:
+            out = _out()
+            out.print(
+                _changes_table(changes, score_label="score", recall_label="recall", width=out.width)
+            )
+        else:
+            lines = [
+                json.dumps(
+                    {
+                        "id": c.candidate.id,
+                        "score": c.score,
+                        "recall_score": c.recall_score,
+                        "rank": c.rank,
+                        "recall_rank": c.recall_rank,
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+                for c in changes
+            ]
+            sys.stdout.write("".join(lines))
+            sys.stdout.flush()
+        err.print(
+            Text(f"reranked {len(candidates)} candidates with ", style="dim")
+            + Text(chosen.label, style="dim")
+        )
+        if chosen.hint:
+            _note(err, chosen.hint, style="yellow")
+
+
+@app.command("eval")
+def eval_(
+    queries: Annotated[
+        Path | None,
+        typer.Option(
+            "--queries",
+            help="Queries: 'qid<TAB>text' lines, or JSON lines {id, text}.",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    qrels: Annotated[
+        Path | None,
+        typer.Option(
+            "--qrels",
+            help="Judgements: TREC qrels 'qid 0 docid grade', or JSON lines "
+            "{query_id, doc_id, relevance}.",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    candidates: Annotated[
+        Path | None,
+        typer.Option(
+            "--candidates",
+            help="Recall's candidates per query: a TREC run 'qid Q0 docid rank score tag' "
+            "(texts from --docs), or JSON lines {query_id, id, text?, score?}.",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    docs: Annotated[
+        Path | None,
+        typer.Option(
+            "--docs",
+            help="Document texts for a TREC run: JSON lines {id, text} (default: the bundled "
+            "corpus).",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    recall_at: Annotated[int, typer.Option("--recall-at", min=1, help="The k of Recall@k.")] = 5,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the report as one JSON object.")
+    ] = False,
+    resamples: Annotated[
+        int,
+        typer.Option(
+            "--resamples",
+            min=100,
+            help="Random sign flips of the permutation test (when the exact test is larger).",
+        ),
+    ] = 9999,
+    endpoint: Endpoint = None,
+    provider: Provider = "tei",
+    model: Model = None,
+    api_key: ApiKey = None,
+    timeout: Timeout = 30.0,
+    reranker: RerankerOpt = RerankerChoice.auto,
+    trace_file: TraceFile = None,
+    log_level: LogLevel = "warning",
+) -> None:
+    """Is reranking better than recall? MRR@10, nDCG@10, Recall@k, top-1 accuracy.
+
+    Reranks each judged query's candidates and reports both rankings side by side with a
+    paired permutation test, and how far each query's first relevant document moved. With no
+    --queries/--qrels/--candidates it runs the bundled example: 24 questions about the
+    standard library with BM25's top 50 as candidates.
+    """
+    from .corpus import EXAMPLE_CANDIDATES, EXAMPLE_QRELS, EXAMPLE_QUERIES, data_path, load_corpus
+    from .evaluation import EvalInputError, evaluate, read_candidates, read_qrels, read_queries
+
+    given = [queries, qrels, candidates]
+    if any(given) and not all(given):
+        _fail(
+            EXIT_USAGE,
+            "give --queries, --qrels and --candidates together, or none of them to run the "
+            "bundled example",
+        )
+    example = queries is None or qrels is None or candidates is None
+    queries_path = data_path(EXAMPLE_QUERIES) if queries is None else queries
+    qrels_path = data_path(EXAMPLE_QRELS) if qrels is None else qrels
+    candidates_path = data_path(EXAMPLE_CANDIDATES) if candidates is None else candidates
+    try:
+        corpus = load_corpus() if docs is None else _read_candidates(str(docs), "--docs")
+        texts = read_queries(queries_path)
+        judgements = read_qrels(qrels_path)
+        pools = read_candidates(candidates_path, {d.id: d for d in corpus})
+    except EvalInputError as exc:
+        _fail(EXIT_USAGE, str(exc))
+    judged = [q for q in texts if any(g > 0 for g in judgements.get(q, {}).values())]
+    if not judged:
+        _fail(EXIT_USAGE, f"no query in {queries_path} has a relevant document in {qrels_path}")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from .stage import RerankStage
+
+    with _session(
+        log_level=log_level,
+        trace_file=trace_file,
+        endpoint=endpoint,
+        provider=provider,
+        model=model,
+        api_key=api_key,
+        timeout=timeout,
+        choice=reranker,
+    ) as (chosen, tracing):
+        stage = RerankStage(chosen.reranker, on_error="raise", tracer_provider=tracing.provider)
+        tracer = tracing.provider.get_tracer("retrieval_stage.cli")
+        progress = Progress(
+            TextColumn("reranking"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.description}"),
+            console=_err(),
+            transient=True,
+        )
+        with (
+            progress,
+            tracer.start_as_current_span(
+                "eval",
+                attributes={
+                    "openinference.span.kind": "CHAIN",
+                    "retrieval_stage.queries": len(judged),
+                },
+            ),
+        ):
+            task = progress.add_task("", total=len(judged))
+            try:
+                report = evaluate(
+                    stage,
+                    texts,
+                    judgements,
+                    pools,
+                    recall_at=recall_at,
+                    resamples=resamples,
+                    progress=lambda qid: progress.update(task, advance=1, description=qid),
+                )
+            except RerankError as exc:
+                progress.stop()
+                _rerank_failed(chosen, exc)
+        if as_json:
+            body = report.to_dict()
+            body["reranker"] = {
+                "label": chosen.label,
+                "provider": getattr(chosen.reranker, "provider", None),
+            }
+            sys.stdout.write(json.dumps(body, ensure_ascii=False, indent=2) + "\n")
+            if chosen.hint:
+                _note(_err(), chosen.hint, style="yellow")
+            return
+        out = _out()
+        source = "the bundled example (stdlib docstrings)" if example else str(queries_path)
+        out.print(Text("queries: ", style="bold") + Text(f"{report.queries} judged, from {source}"))
+        _say_reranker(out, chosen)
+        out.print(_metrics_table(report))
+        out.print(
+            Text("top-1 accuracy: ", style="bold")
+            + Text(
+                f"{report.top1_recall}/{report.queries} → {report.top1_reranked}/{report.queries}"
+            )
+        )
+        out.print(_movement_table(report))
+        _note(out, f"p: {report.test}")
+        if report.unjudged:
+            _note(out, f"{len(report.unjudged)} queries without a relevant document were skipped")
+
+
+def _metrics_table(report: Any) -> Table:
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    for name, justify in (("metric", "left"), ("recall", "right"), ("reranked", "right"),
+                          ("Δ", "right"), ("p", "right")):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for m in report.metrics:
+        style = "green" if m.delta > 0 else "red" if m.delta < 0 else ""
+        table.add_row(
+            m.name,
+            f"{m.recall:.3f}",
+            f"{m.reranked:.3f}",
+            Text(f"{m.delta:+.3f}", style=style),
+            f"{m.p_value:.3f}",
+        )
+    return table
+
+
+def _movement_table(report: Any) -> Table:
+    table = Table(show_edge=False, pad_edge=False, header_style="bold", title_justify="left")
+    table.add_column("query")
+    table.add_column("first relevant", justify="right")
+    table.add_column("move", justify="center")
+    table.add_column("RR@10", justify="right")
+    table.add_column("text", overflow="ellipsis", no_wrap=True, ratio=1)
+    for q in report.per_query:
+        before = "—" if q.first_relevant_recall is None else str(q.first_relevant_recall)
+        after = "—" if q.first_relevant_reranked is None else str(q.first_relevant_reranked)
+        move = q.movement
+        style = "green" if move.startswith("↑") or move == "found" else (
+            "red" if move.startswith("↓") or move == "lost" else "")  # fmt: skip
+        table.add_row(
+            q.query_id,
+            f"{before} → {after}",
+            Text(move, style=style),
+            f"{q.recall['MRR@10']:.2f} → {q.reranked['MRR@10']:.2f}",
+            Text(_snippet(q.query, 60)),
+        )
+    return table
+
+
+def main() -> None:
+    """The console script's entry point."""
+    try:
+        app()
+    except BrokenPipeError:  # `retrieval-stage rerank ... | head`: the reader left
+        with suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        raise SystemExit(EXIT_FAILURE) from None

@@ -1,0 +1,413 @@
+"""The ``retrieval-stage`` command through its installed script and through Typer's runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from typer.testing import CliRunner, Result
+
+from retrieval_stage.cli import app
+from retrieval_stage.local import local_available
+
+from .conftest import WireMock
+
+SCRIPT = Path(sys.executable).parent / "retrieval-stage"
+CANDIDATES = (
+    '{"id": "a", "text": "Bananas are yellow fruit.", "score": 0.9}\n'
+    '{"id": "b", "text": "Rust is a programming language.", "score": 0.5}\n'
+    '{"id": "c", "text": "The Rust compiler checks memory safety.", "score": 0.1}\n'
+)
+TEI_OUT_OF_ORDER = [
+    {"index": 2, "score": 0.91},
+    {"index": 0, "score": 0.42},
+    {"index": 1, "score": 0.13},
+]
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging() -> Iterator[None]:
+    """The command configures structlog for its run; give the next test the defaults back."""
+    yield
+    structlog.reset_defaults()
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without OTLP or RERANK settings, offline for the hub."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RERANK_"))}
+    env.update({"HF_HUB_OFFLINE": "1", "COLUMNS": "160"})
+    env.update(extra)
+    return env
+
+
+def run_script(*args: str, stdin: str = "", **env: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script, as a user runs it."""
+    return subprocess.run(
+        [str(SCRIPT), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=clean_env(**env),
+        timeout=300,
+        check=False,
+    )
+
+
+def invoke(*args: str, stdin: str = "", **env: str) -> Result:
+    runner = CliRunner()
+    unset: dict[str, str | None] = {
+        k: None for k in os.environ if k.startswith(("OTEL_", "RERANK_"))
+    }
+    return runner.invoke(app, list(args), input=stdin, env={**unset, **clean_env(**env)})
+
+
+def flat(text: str) -> str:
+    """`text` with line wrapping undone: Rich wraps long lines at the terminal's width."""
+    return " ".join(text.split())
+
+
+def jsonl(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+# -- through the installed script --------------------------------------------------------------
+
+
+def test_installed_script_runs_demo_offline_and_says_which_reranker_ran() -> None:
+    started = time.monotonic()
+    done = run_script("demo")
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert "reranker: lexical" in done.stdout
+    assert "pip install 'retrieval-stage[local]'" in flat(done.stdout)
+    assert "--endpoint http://localhost:8080" in flat(done.stdout)
+    for header in ("rank", "recall", "move", "score", "bm25", "id", "snippet"):
+        assert header in done.stdout
+    assert "json.dumps" in done.stdout
+    assert "spans: 3 in trace " in done.stderr
+    assert "pipeline (CHAIN) → recall (RETRIEVER), rerank (RERANKER)" in flat(done.stderr)
+    assert "not exported" in flat(done.stderr)
+    assert "Traceback" not in done.stderr
+    assert elapsed < 20 + 40  # the demo's budget, with a generous margin for slow machines
+
+
+def test_installed_script_reports_the_bad_line_exits_2_and_writes_nothing() -> None:
+    bad = CANDIDATES + '{"id": "d", "text": }\n' + '{"id": "e"}\n'
+    done = run_script("rerank", "--query", "rust", "--reranker", "lexical", stdin=bad)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "line 4: not valid JSON" in flat(done.stderr)
+    assert 'line 5: missing "text"' in flat(done.stderr)
+    assert "nothing reranked" in flat(done.stderr)
+    assert "Traceback" not in done.stderr
+
+
+def test_installed_script_maps_out_of_order_tei_results_by_index(wm: WireMock) -> None:
+    wm.stub_json("/cli/rerank", TEI_OUT_OF_ORDER)
+    done = run_script(
+        "rerank", "-q", "what is rust", "--endpoint", wm.url + "/cli", stdin=CANDIDATES
+    )
+    assert done.returncode == 0, done.stderr
+    assert jsonl(done.stdout) == [
+        {"id": "c", "score": 0.91, "recall_score": 0.1, "rank": 1, "recall_rank": 3},
+        {"id": "a", "score": 0.42, "recall_score": 0.9, "rank": 2, "recall_rank": 1},
+        {"id": "b", "score": 0.13, "recall_score": 0.5, "rank": 3, "recall_rank": 2},
+    ]
+    assert wm.bodies("/cli/rerank") == [
+        {
+            "query": "what is rust",
+            "texts": [
+                "Bananas are yellow fruit.",
+                "Rust is a programming language.",
+                "The Rust compiler checks memory safety.",
+            ],
+        }
+    ]
+    assert f"tei at {wm.url}/cli" in flat(done.stderr)
+
+
+# -- rerank ------------------------------------------------------------------------------------
+
+
+def test_rerank_reads_the_endpoint_from_the_environment(wm: WireMock) -> None:
+    wm.stub_json("/env/rerank", TEI_OUT_OF_ORDER)
+    result = invoke("rerank", "-q", "q", stdin=CANDIDATES, RERANK_ENDPOINT=wm.url + "/env")
+    assert result.exit_code == 0, result.stderr
+    assert [row["id"] for row in jsonl(result.stdout)] == ["c", "a", "b"]
+
+
+def test_rerank_top_k_and_table_format_show_the_movement(wm: WireMock) -> None:
+    wm.stub_json("/t/rerank", TEI_OUT_OF_ORDER)
+    result = invoke(
+        "rerank", "-q", "q", "--endpoint", wm.url + "/t", "--top-k", "2", "--format", "table",
+        stdin=CANDIDATES,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    assert "move" in lines[0]
+    rows = [line.split("│") for line in lines[2:]]
+    assert [[cell.strip() for cell in row[:3]] for row in rows] == [
+        ["1", "3", "new"],
+        ["2", "1", "↓1"],
+    ]
+    assert "0.910" in lines[2]
+
+
+def test_rerank_service_error_exits_1_with_the_reason_and_no_output(wm: WireMock) -> None:
+    wm.stub_json(
+        "/bad/rerank", {"error": "model not loaded", "error_type": "Validation"}, status=422
+    )
+    result = invoke("rerank", "-q", "q", "--endpoint", wm.url + "/bad", stdin=CANDIDATES)
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "rerank failed: HTTP 422" in flat(result.stderr)
+    assert "model not loaded" in flat(result.stderr)
+    assert "Traceback" not in result.stderr
+
+
+def test_rerank_input_file_errors_are_usage_errors(tmp_path: Path) -> None:
+    missing = invoke("rerank", "-q", "q", "--input", str(tmp_path / "absent.jsonl"))
+    assert missing.exit_code == 2
+    assert "no such file" in missing.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "text": "x"}\n{"id": true, "text": "y"}\n', encoding="utf-8")
+    wrong = invoke("rerank", "-q", "q", "--input", str(bad), "--reranker", "lexical")
+    assert wrong.exit_code == 2
+    assert wrong.stdout == ""
+    assert f"--input {bad}: 1 bad line" in flat(wrong.stderr)
+    assert 'line 2: "id" must be a string or an integer, got a boolean' in flat(wrong.stderr)
+
+
+def test_rerank_with_duplicate_ids_names_both_lines() -> None:
+    result = invoke(
+        "rerank", "-q", "q", "--reranker", "lexical",
+        stdin='{"id": "a", "text": "x"}\n\n{"id": "a", "text": "y"}\n',
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert 'line 3: id "a" was already given on line 1' in flat(result.stderr)
+
+
+def test_rerank_empty_input_writes_nothing_and_succeeds() -> None:
+    result = invoke("rerank", "-q", "q", "--reranker", "lexical", stdin="\n")
+    assert result.exit_code == 0
+    assert result.stdout == ""
+    assert "nothing to rerank" in result.stderr
+
+
+def test_rerank_rejects_bad_options() -> None:
+    empty_query = invoke("rerank", "-q", " ", stdin=CANDIDATES)
+    assert empty_query.exit_code == 2
+    assert "--query must not be empty" in empty_query.stderr
+    provider = invoke("rerank", "-q", "q", "--provider", "nope", stdin=CANDIDATES)
+    assert provider.exit_code == 2
+    assert "'nope' is not one of: tei" in provider.stderr
+    scheme = invoke("rerank", "-q", "q", "--endpoint", "ftp://x", stdin=CANDIDATES)
+    assert scheme.exit_code == 2
+    assert "http(s) URL" in scheme.stderr
+    both = invoke(
+        "rerank", "-q", "q", "--endpoint", "http://x", "--reranker", "lexical", stdin=CANDIDATES
+    )
+    assert both.exit_code == 2
+    assert "cannot be combined with --endpoint" in both.stderr
+
+
+def test_rerank_lexical_output_says_it_is_lexical_and_how_to_get_a_real_one() -> None:
+    result = invoke("rerank", "-q", "rust compiler", "--reranker", "lexical", stdin=CANDIDATES)
+    assert result.exit_code == 0
+    assert jsonl(result.stdout)[0]["id"] == "c"
+    assert "lexical" in result.stderr
+    assert "pip install 'retrieval-stage[local]'" in flat(result.stderr)
+
+
+def test_local_reranker_without_the_model_fails_with_what_to_do() -> None:
+    result = invoke("rerank", "-q", "q", "--reranker", "local", stdin=CANDIDATES)
+    if local_available():  # installed, but offline and the model is not downloaded
+        assert result.exit_code == 1
+        assert "is not downloaded and the Hugging Face hub is unreachable" in flat(result.stderr)
+        assert "--model DIR" in flat(result.stderr)
+    else:
+        assert result.exit_code == 2
+        assert "pip install 'retrieval-stage[local]'" in flat(result.stderr)
+    assert result.stdout == ""
+
+
+# -- where spans go ----------------------------------------------------------------------------
+
+
+def test_trace_file_holds_otlp_json_lines_of_the_reranker_span(tmp_path: Path) -> None:
+    trace_file = tmp_path / "spans" / "trace.jsonl"
+    result = invoke(
+        "rerank", "-q", "rust", "--reranker", "lexical", "--trace-file", str(trace_file),
+        stdin=CANDIDATES,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert f"written to {trace_file} (OTLP/JSON lines)" in flat(result.stderr)
+    requests = jsonl(trace_file.read_text(encoding="utf-8"))
+    spans = [
+        span
+        for request in requests
+        for resource in request["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+    ]
+    (span,) = spans
+    assert span["name"] == "rerank"
+    assert len(span["traceId"]) == 32
+    assert int(span["traceId"], 16) > 0
+    assert len(span["spanId"]) == 16
+    attributes = {a["key"]: a["value"] for a in span["attributes"]}
+    assert attributes["openinference.span.kind"] == {"stringValue": "RERANKER"}
+    assert attributes["retrieval_stage.provider"] == {"stringValue": "lexical"}
+    assert span["traceId"] in result.stderr
+    resource_keys = {
+        a["key"]: a["value"] for a in requests[0]["resourceSpans"][0]["resource"]["attributes"]
+    }
+    assert resource_keys["service.name"] == {"stringValue": "retrieval-stage"}
+
+
+def test_otlp_endpoint_in_the_environment_sends_the_spans_there(wm: WireMock) -> None:
+    wm.stub_json("/v1/traces", {})
+    result = invoke(
+        "demo", "--reranker", "lexical", "--top-k", "3", OTEL_EXPORTER_OTLP_ENDPOINT=wm.url
+    )
+    assert result.exit_code == 0, result.stderr
+    assert f"sent to OTLP at {wm.url}" in flat(result.stderr)
+    (request,) = wm.requests("/v1/traces")
+    assert request["method"] == "POST"
+    headers = {k.lower(): v for k, v in request["headers"].items()}
+    assert headers["content-type"] == "application/x-protobuf"
+
+
+# -- demo --------------------------------------------------------------------------------------
+
+
+def test_demo_table_shows_recall_rank_and_movement_for_a_query() -> None:
+    result = invoke("demo", "copy a directory tree", "--reranker", "lexical", "--top-k", "5")
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "query: copy a directory tree"
+    assert "BM25 over 1,538 Python standard-library docstrings: 50 candidates" in lines[1]
+    rows = [line.split("│") for line in lines if line.count("│") == 6]
+    assert len(rows) == 5
+    assert [row[0].strip() for row in rows] == ["1", "2", "3", "4", "5"]
+    for row in rows:
+        recall_rank, move = int(row[1]), row[2].strip()
+        rank = int(row[0])
+        if recall_rank > 5:
+            assert move == "new"
+        elif recall_rank == rank:
+            assert move == "="
+        else:
+            arrow = "↑" if recall_rank > rank else "↓"
+            assert move == f"{arrow}{abs(recall_rank - rank)}"
+
+
+def test_demo_with_its_own_corpus(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(CANDIDATES, encoding="utf-8")
+    result = invoke("demo", "rust", "--corpus", str(corpus), "--reranker", "lexical")
+    assert result.exit_code == 0, result.stderr
+    assert f"BM25 over 3 {corpus}: 2 candidates" in flat(result.stdout)
+
+
+# -- eval --------------------------------------------------------------------------------------
+
+
+def test_eval_runs_the_bundled_example_as_json() -> None:
+    result = invoke("eval", "--reranker", "lexical", "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["queries"] == 24
+    assert list(report["metrics"]) == ["MRR@10", "nDCG@10", "Recall@5", "top-1 accuracy"]
+    for metric in report["metrics"].values():
+        assert set(metric) == {"recall", "reranked", "delta", "p_value"}
+        assert 0.0 <= metric["p_value"] <= 1.0
+    assert report["top1"]["of"] == 24
+    assert len(report["per_query"]) == 24
+    assert report["reranker"]["provider"] == "lexical"
+
+
+def test_eval_on_files_against_tei_matches_hand_computed_metrics(
+    wm: WireMock, tmp_path: Path
+) -> None:
+    wm.stub_json("/ev/rerank", TEI_OUT_OF_ORDER)  # every query: third, first, second
+    queries = tmp_path / "queries.tsv"
+    queries.write_text("q1\tfirst\nq2\tsecond\n", encoding="utf-8")
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 0 c 1\nq2 0 a 1\n", encoding="utf-8")
+    candidates = tmp_path / "candidates.jsonl"
+    candidates.write_text(
+        "".join(
+            json.dumps({"query_id": q, "id": d, "text": f"{q} {d}", "score": s}) + "\n"
+            for q in ("q1", "q2")
+            for d, s in (("a", 3.0), ("b", 2.0), ("c", 1.0))
+        ),
+        encoding="utf-8",
+    )
+    result = invoke(
+        "eval", "--queries", str(queries), "--qrels", str(qrels), "--candidates",
+        str(candidates), "--endpoint", wm.url + "/ev", "--json", "--recall-at", "1",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    # recall order a, b, c; reranked c, a, b. q1 wants c: rank 3 -> 1. q2 wants a: 1 -> 2.
+    assert report["metrics"]["MRR@10"]["recall"] == pytest.approx((1 / 3 + 1) / 2)
+    assert report["metrics"]["MRR@10"]["reranked"] == pytest.approx((1 + 1 / 2) / 2)
+    assert report["metrics"]["Recall@1"]["recall"] == pytest.approx(0.5)
+    assert report["top1"] == {"recall": 1, "reranked": 1, "of": 2}
+    assert [q["movement"] for q in report["per_query"]] == ["↑2", "↓1"]
+    assert len(wm.requests("/ev/rerank")) == 2
+
+
+def test_eval_table_output_names_the_reranker_and_the_test() -> None:
+    result = invoke("eval", "--reranker", "lexical")
+    assert result.exit_code == 0, result.stderr
+    out = flat(result.stdout)
+    assert "queries: 24 judged, from the bundled example" in out
+    assert "reranker: lexical" in out
+    assert "top-1 accuracy: " in out
+    assert "paired two-sided permutation test" in out
+    for name in ("MRR@10", "nDCG@10", "Recall@5"):
+        assert name in out
+
+
+def test_eval_bad_input_names_the_line_and_exits_2(tmp_path: Path) -> None:
+    queries = tmp_path / "q.tsv"
+    queries.write_text("q1\tx\n", encoding="utf-8")
+    qrels = tmp_path / "qrels"
+    qrels.write_text("q1 0 a 1\nq1 0 b\n", encoding="utf-8")
+    result = invoke(
+        "eval", "--queries", str(queries), "--qrels", str(qrels), "--candidates", str(queries)
+    )
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert f"{qrels}, line 2: expected 4 columns" in flat(result.stderr)
+    partial = invoke("eval", "--queries", str(queries))
+    assert partial.exit_code == 2
+    assert "together" in flat(partial.stderr)
+
+
+# -- help --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "options"),
+    [
+        ("demo", ["--endpoint", "--provider", "--model", "--reranker", "--trace-file", "--top-k"]),
+        ("rerank", ["--query", "--input", "--top-k", "--format", "--endpoint", "RERANK_ENDPOINT"]),
+        ("eval", ["--queries", "--qrels", "--candidates", "--docs", "--recall-at", "--json"]),
+    ],
+)
+def test_help_explains_each_option(command: str, options: list[str]) -> None:
+    result = invoke(command, "--help", COLUMNS="200")
+    assert result.exit_code == 0
+    for option in options:
+        assert option in result.stdout
