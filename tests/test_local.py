@@ -8,6 +8,7 @@ a user's ``--model DIR`` would be loaded.
 from __future__ import annotations
 
 import inspect
+import json
 from pathlib import Path
 from typing import Any
 
@@ -147,3 +148,40 @@ def test_stage_falls_back_to_recall_order_when_the_model_cannot_load(tmp_path: P
     stage = RerankStage(CrossEncoderReranker(tmp_path / "missing", local_files_only=True))
     out = stage.run(QUERY, candidates)
     assert [(r.candidate.id, r.reranked) for r in out] == [("b", False), ("a", False)]
+
+
+def test_command_runs_the_local_cross_encoder_from_a_model_directory(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    import structlog
+    from typer.testing import CliRunner
+
+    from retrieval_stage.cli import app
+
+    trace_file = tmp_path / "trace.jsonl"
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(f'{{"id": "d{i}", "text": "{t}"}}\n' for i, t in enumerate(TEXTS)),
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(
+        app,
+        ["demo", "what is rust language", "--corpus", str(corpus), "--reranker", "local",
+         "--model", str(tiny_model), "--trace-file", str(trace_file)],
+        env={"HF_HUB_OFFLINE": "1", "COLUMNS": "160"},
+    )  # fmt: skip
+    structlog.reset_defaults()  # the command configured logging to the runner's stream
+    assert result.exit_code == 0, result.stderr
+    assert "reranker: local cross-encoder tiny-cross-encoder (in process)" in result.stdout
+    assert "pip install" not in result.stdout
+    spans = [
+        span
+        for line in trace_file.read_text(encoding="utf-8").splitlines()
+        for resource in json.loads(line)["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+    ]
+    (rerank,) = [s for s in spans if s["name"] == "rerank"]
+    attributes = {a["key"]: a["value"] for a in rerank["attributes"]}
+    assert attributes["retrieval_stage.provider"] == {"stringValue": "local"}
+    assert attributes["reranker.model_name"] == {"stringValue": "tiny-cross-encoder"}
