@@ -113,8 +113,16 @@ ApiKey = Annotated[
     typer.Option(
         "--api-key",
         envvar="RERANK_API_KEY",
-        help="Credential for --endpoint, sent in the 'apikey' header. Prefer the variable.",
+        help="Credential for --endpoint (see --api-key-header). Prefer the variable.",
         show_default=False,
+    ),
+]
+ApiKeyHeader = Annotated[
+    str,
+    typer.Option(
+        "--api-key-header",
+        help="Header that carries the key; 'Authorization' sends 'Bearer <key>' (Cohere, "
+        "Jina, Voyage and TEI's own --api-key want that).",
     ),
 ]
 Timeout = Annotated[
@@ -254,6 +262,7 @@ def choose_reranker(
     api_key: str | None,
     timeout: float,
     choice: RerankerChoice,
+    api_key_header: str = "apikey",
 ) -> Chosen:
     """An HTTP client for `endpoint`; else the local cross-encoder or the lexical fallback."""
     if endpoint:
@@ -263,7 +272,12 @@ def choose_reranker(
 
         try:
             client = RerankClient(
-                endpoint, provider=provider, model=model, api_key=api_key, timeout=timeout
+                endpoint,
+                provider=provider,
+                model=model,
+                api_key=api_key,
+                api_key_header=api_key_header,
+                timeout=timeout,
             )
         except (TypeError, ValueError) as exc:
             _fail(EXIT_USAGE, f"--endpoint: {exc}")
@@ -379,6 +393,7 @@ def _session(
     provider: str,
     model: str | None,
     api_key: str | None,
+    api_key_header: str,
     timeout: float,
     choice: RerankerChoice,
 ) -> Iterator[tuple[Chosen, Tracing]]:
@@ -391,6 +406,7 @@ def _session(
             provider=provider,
             model=model,
             api_key=api_key,
+            api_key_header=api_key_header,
             timeout=timeout,
             choice=choice,
         )
@@ -601,6 +617,7 @@ def demo(
     provider: Provider = "tei",
     model: Model = None,
     api_key: ApiKey = None,
+    api_key_header: ApiKeyHeader = "apikey",
     timeout: Timeout = 30.0,
     reranker: RerankerOpt = RerankerChoice.auto,
     trace_file: TraceFile = None,
@@ -631,6 +648,7 @@ def demo(
         provider=provider,
         model=model,
         api_key=api_key,
+        api_key_header=api_key_header,
         timeout=timeout,
         choice=reranker,
     ) as (chosen, tracing):
@@ -690,6 +708,7 @@ def rerank(
     provider: Provider = "tei",
     model: Model = None,
     api_key: ApiKey = None,
+    api_key_header: ApiKeyHeader = "apikey",
     timeout: Timeout = 30.0,
     reranker: RerankerOpt = RerankerChoice.auto,
     trace_file: TraceFile = None,
@@ -718,6 +737,7 @@ def rerank(
         provider=provider,
         model=model,
         api_key=api_key,
+        api_key_header=api_key_header,
         timeout=timeout,
         choice=reranker,
     ) as (chosen, tracing):
@@ -816,6 +836,7 @@ def eval_(
     provider: Provider = "tei",
     model: Model = None,
     api_key: ApiKey = None,
+    api_key_header: ApiKeyHeader = "apikey",
     timeout: Timeout = 30.0,
     reranker: RerankerOpt = RerankerChoice.auto,
     trace_file: TraceFile = None,
@@ -863,6 +884,7 @@ def eval_(
         provider=provider,
         model=model,
         api_key=api_key,
+        api_key_header=api_key_header,
         timeout=timeout,
         choice=reranker,
     ) as (chosen, tracing):
@@ -921,7 +943,7 @@ def eval_(
                 f"{report.top1_recall}/{report.queries} → {report.top1_reranked}/{report.queries}"
             )
         )
-        out.print(_movement_table(report))
+        out.print(_movement_table(report, out.width))
         _note(out, f"p: {report.test}")
         if report.unjudged:
             _note(out, f"{len(report.unjudged)} queries without a relevant document were skipped")
@@ -944,25 +966,32 @@ def _metrics_table(report: Any) -> Table:
     return table
 
 
-def _movement_table(report: Any) -> Table:
-    table = Table(show_edge=False, pad_edge=False, header_style="bold", title_justify="left")
-    table.add_column("query")
-    table.add_column("first relevant", justify="right")
-    table.add_column("move", justify="center")
-    table.add_column("RR@10", justify="right")
-    table.add_column("text", overflow="ellipsis", no_wrap=True, ratio=1)
+def _movement_table(report: Any, width: int) -> Table:
+    """Per query: first relevant rank before → after, movement, RR@10 before → after, text."""
+    rows = []
     for q in report.per_query:
         before = "—" if q.first_relevant_recall is None else str(q.first_relevant_recall)
         after = "—" if q.first_relevant_reranked is None else str(q.first_relevant_reranked)
-        move = q.movement
-        style = "green" if move.startswith("↑") or move == "found" else (
-            "red" if move.startswith("↓") or move == "lost" else "")  # fmt: skip
+        rr = f"{q.recall['MRR@10']:.2f} → {q.reranked['MRR@10']:.2f}"
+        rows.append((q.query_id, f"{before} → {after}", q.movement, rr, q.query))
+    headers = ("query", "first relevant", "move", "RR@10")
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    text_width = max(12, width - sum(widths) - 3 * len(headers))
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    for i, header in enumerate(headers):
+        table.add_column(
+            header,
+            justify="left" if i == 0 else "center" if i == 2 else "right",
+            no_wrap=True,
+            width=widths[i],
+        )
+    table.add_column("text", no_wrap=True, overflow="ellipsis", width=text_width)
+    for query_id, ranks, move, rr, text in rows:
+        good = move.startswith("↑") or move == "found"
+        bad = move.startswith("↓") or move == "lost"
+        style = "green" if good else "red" if bad else ""
         table.add_row(
-            q.query_id,
-            f"{before} → {after}",
-            Text(move, style=style),
-            f"{q.recall['MRR@10']:.2f} → {q.reranked['MRR@10']:.2f}",
-            Text(_snippet(q.query, 60)),
+            query_id, ranks, Text(move, style=style), rr, Text(_snippet(text, text_width))
         )
     return table
 

@@ -144,6 +144,21 @@ def test_rerank_reads_the_endpoint_from_the_environment(wm: WireMock) -> None:
     assert [row["id"] for row in jsonl(result.stdout)] == ["c", "a", "b"]
 
 
+def test_api_key_from_the_environment_is_sent_and_never_printed(wm: WireMock) -> None:
+    secret = "sk-cli-7d1e-do-not-print"
+    wm.stub_json("/key/rerank", TEI_OUT_OF_ORDER)
+    result = invoke(
+        "rerank", "-q", "q", "--endpoint", wm.url + "/key", "--api-key-header", "Authorization",
+        "--log-level", "debug", stdin=CANDIDATES, RERANK_API_KEY=secret,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    (request,) = wm.requests("/key/rerank")
+    headers = {k.lower(): v for k, v in request["headers"].items()}
+    assert headers["authorization"] == f"Bearer {secret}"
+    assert secret not in result.stdout
+    assert secret not in result.stderr
+
+
 def test_rerank_top_k_and_table_format_show_the_movement(wm: WireMock) -> None:
     wm.stub_json("/t/rerank", TEI_OUT_OF_ORDER)
     result = invoke(
