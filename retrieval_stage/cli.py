@@ -25,7 +25,8 @@ from typing import Annotated, Any, NoReturn
 from urllib.parse import urlsplit
 
 import typer
-from openinference.semconv.trace import SpanAttributes
+from openinference.instrumentation import get_span_kind_attributes
+from openinference.semconv.trace import OpenInferenceSpanKindValues, SpanAttributes
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from rich.console import Console
 from rich.table import Table
@@ -903,7 +904,7 @@ def eval_(
             tracer.start_as_current_span(
                 "eval",
                 attributes={
-                    "openinference.span.kind": "CHAIN",
+                    **get_span_kind_attributes(OpenInferenceSpanKindValues.CHAIN),
                     "retrieval_stage.queries": len(judged),
                 },
             ),

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,9 +42,14 @@ def _reset_logging() -> Iterator[None]:
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without OTLP or RERANK settings, offline for the hub."""
+    """This process's environment without OTLP or RERANK settings, offline for the hub.
+
+    A fresh process also gets an empty Hugging Face home, so a model a developer downloaded
+    earlier cannot change which reranker ``auto`` picks.
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RERANK_"))}
-    env.update({"HF_HUB_OFFLINE": "1", "COLUMNS": "160"})
+    empty_home = Path(tempfile.gettempdir()) / "retrieval-stage-tests-empty-hf-home"
+    env.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(empty_home), "COLUMNS": "160"})
     env.update(extra)
     return env
 
@@ -243,7 +249,10 @@ def test_rerank_lexical_output_says_it_is_lexical_and_how_to_get_a_real_one() ->
 
 
 def test_local_reranker_without_the_model_fails_with_what_to_do() -> None:
-    result = invoke("rerank", "-q", "q", "--reranker", "local", stdin=CANDIDATES)
+    result = invoke(
+        "rerank", "-q", "q", "--reranker", "local", "--model", "example/never-downloaded",
+        stdin=CANDIDATES,
+    )  # fmt: skip
     if local_available():  # installed, but offline and the model is not downloaded
         assert result.exit_code == 1
         assert "is not downloaded and the Hugging Face hub is unreachable" in flat(result.stderr)
@@ -370,6 +379,7 @@ def test_eval_on_files_against_tei_matches_hand_computed_metrics(
     result = invoke(
         "eval", "--queries", str(queries), "--qrels", str(qrels), "--candidates",
         str(candidates), "--endpoint", wm.url + "/ev", "--json", "--recall-at", "1",
+        "--trace-file", str(tmp_path / "trace.jsonl"),
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
@@ -380,6 +390,19 @@ def test_eval_on_files_against_tei_matches_hand_computed_metrics(
     assert report["top1"] == {"recall": 1, "reranked": 1, "of": 2}
     assert [q["movement"] for q in report["per_query"]] == ["↑2", "↓1"]
     assert len(wm.requests("/ev/rerank")) == 2
+    spans = [
+        span
+        for request in jsonl((tmp_path / "trace.jsonl").read_text(encoding="utf-8"))
+        for resource in request["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+    ]
+    (root,) = [s for s in spans if "parentSpanId" not in s]
+    children = [s for s in spans if s is not root]
+    assert root["name"] == "eval"
+    assert [c["name"] for c in children] == ["rerank", "rerank"]
+    assert {c["parentSpanId"] for c in children} == {root["spanId"]}
+    assert {s["traceId"] for s in spans} == {root["traceId"]}
 
 
 def test_eval_table_output_names_the_reranker_and_the_test() -> None:
