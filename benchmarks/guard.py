@@ -60,6 +60,6 @@ def install() -> None:
             _check_host(address[0])
         return real_connect_ex(self, address)
 
-    socket.getaddrinfo = getaddrinfo  # type: ignore[assignment]
-    socket.socket.connect = connect  # type: ignore[method-assign]
-    socket.socket.connect_ex = connect_ex  # type: ignore[method-assign]
+    socket.getaddrinfo = getaddrinfo
+    socket.socket.connect = connect  # type: ignore[method-assign,assignment]
+    socket.socket.connect_ex = connect_ex  # type: ignore[method-assign,assignment]

@@ -157,7 +157,7 @@ def interleaved(
 def rss_bytes() -> int:
     """This process's resident set size."""
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped]
 
         return int(psutil.Process().memory_info().rss)
     except ImportError:  # Linux fallback, no extra package
@@ -404,7 +404,7 @@ def peers(server: LocalServer, scale: Scale) -> dict[str, Any]:
     try:
         from importlib.metadata import version
 
-        from rerankers import Reranker
+        from rerankers import Reranker  # type: ignore[import-untyped]
 
         ranker = Reranker(
             MODEL,
@@ -427,8 +427,11 @@ def peers(server: LocalServer, scale: Scale) -> dict[str, Any]:
 
         from langchain_cohere import CohereRerank
         from langchain_core.documents import Document
+        from pydantic import SecretStr
 
-        lc = CohereRerank(model=MODEL, cohere_api_key="bench-key", base_url=server.url, top_n=DOCS)
+        lc = CohereRerank(
+            model=MODEL, cohere_api_key=SecretStr("bench-key"), base_url=server.url, top_n=DOCS
+        )
         lc_docs = [
             Document(page_content=t, metadata={"id": c.id})
             for t, c in zip(texts, cands, strict=False)
@@ -445,7 +448,9 @@ def peers(server: LocalServer, scale: Scale) -> dict[str, Any]:
         from importlib.metadata import version
 
         from llama_index.core.schema import NodeWithScore, TextNode
-        from llama_index.postprocessor.tei_rerank import TextEmbeddingInference
+        from llama_index.postprocessor.tei_rerank import (  # type: ignore[import-untyped]
+            TextEmbeddingInference,
+        )
 
         li = TextEmbeddingInference(base_url=server.url, top_n=DOCS)
         nodes = [NodeWithScore(node=TextNode(text=c.text, id_=c.id), score=c.score) for c in cands]
@@ -519,7 +524,7 @@ def throughput(server: LocalServer, scale: Scale, concurrency: int = 64) -> dict
     texts = [c.text for c in cands]
     traced = traced_provider(server)
 
-    async def main() -> dict[str, float]:
+    async def main() -> dict[str, list[float]]:
         raw_http = httpx.AsyncClient()
         url = server.url + "/rerank"
 
@@ -603,6 +608,72 @@ def memory(server: LocalServer, scale: Scale, concurrency: int = 64) -> dict[str
         "rss_growth_mib": (end - warm) / mib,
         "rss_growth_from_cold_mib": (end - cold) / mib,
         "rss_end_mib": end / mib,
+    }
+
+
+def breakdown(server: LocalServer, scale: Scale) -> dict[str, Any]:
+    """Where a traced call's extra time goes, per 50-document call, measured in-process.
+
+    The stage runs over an in-memory reranker (no HTTP) so that only its own work is timed:
+    sampled out, and recording on an SDK provider with no processor; then our document
+    attributes alone, and the OTLP exporter's protobuf encoding of the finished spans.
+    """
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from retrieval_stage import RerankStage
+    from retrieval_stage.models import Reranked, RerankResponse
+    from retrieval_stage.spans import document_attributes
+    from retrieval_stage.stage import map_results
+    from retrieval_stage.telemetry import DEFAULT_SPAN_ATTRIBUTE_LIMIT
+
+    cands = candidates(DOCS)
+    scored = [(c, 1.0 - ((i * 7919) % DOCS) / DOCS) for i, c in enumerate(cands)]
+
+    class InMemory:
+        """A reranker answering at once, shaped like our clients."""
+
+        model_name = MODEL
+        provider = "tei"
+
+        def rerank(self, query: str, items: Any, **_: Any) -> Any:
+            return list(scored)
+
+        def rerank_response(self, query: str, items: Any, **_: Any) -> Any:
+            return RerankResponse(results=list(scored), requests=1, batches=1)
+
+    limits = SpanLimits(max_span_attributes=DEFAULT_SPAN_ATTRIBUTE_LIMIT)
+    recording = TracerProvider(span_limits=limits)
+    memory_exporter = InMemorySpanExporter()
+    collecting = TracerProvider(span_limits=limits)
+    collecting.add_span_processor(SimpleSpanProcessor(memory_exporter))
+    off = RerankStage(InMemory(), tracer_provider=sampled_out_provider())
+    on = RerankStage(InMemory(), tracer_provider=recording)
+    outputs = [Reranked(cands[i], score, i) for i, score in map_results(cands, scored)]
+    span = recording.get_tracer("bench").start_span("rerank")
+    config = on.trace_config
+    for _ in range(100):
+        RerankStage(InMemory(), tracer_provider=collecting).run(QUERY, cands)
+    finished = list(memory_exporter.get_finished_spans())
+    per_span = 1.0 / len(finished)
+    variants: dict[str, Callable[[], object]] = {
+        "stage, sampled out (own work)": lambda: off.run(QUERY, cands),
+        "stage, recording, no processor (own work + SDK attributes)": lambda: on.run(QUERY, cands),
+        "document_attributes (ours)": lambda: document_attributes(
+            span, cands, outputs, config=config, max_content_length=2000
+        ),
+        "OTLP protobuf encoding, per span (exporter)": lambda: encode_spans(finished),
+    }
+    t = interleaved(variants, rounds=scale.overhead_rounds, calls=20)
+    t["OTLP protobuf encoding, per span (exporter)"] *= per_span
+    span.end()
+    collecting.shutdown()
+    return {
+        "seconds_per_call": t,
+        "attributes_per_span": len(finished[0].attributes or {}),
+        "otlp_bytes_per_span": len(encode_spans(finished).SerializeToString()) * per_span,
     }
 
 
@@ -746,6 +817,22 @@ def _memory_rows(m: dict[str, Any]) -> list[Row]:
     ]
 
 
+def _breakdown_rows(b: dict[str, Any], raw_seconds: float | None) -> list[Row]:
+    rows: list[Row] = []
+    for name, seconds in b["seconds_per_call"].items():
+        share = f" = {seconds / raw_seconds:.2f} raw calls" if raw_seconds else ""
+        rows.append((f"breakdown: {name}", f"{seconds * 1e6:.0f} us{share}", "(context)", ""))
+    rows.append(
+        (
+            "breakdown: attributes / OTLP bytes per 50-document span",
+            f"{b['attributes_per_span']} / {b['otlp_bytes_per_span'] / 1024:.0f} KiB",
+            "(context)",
+            "",
+        )
+    )
+    return rows
+
+
 def table(results: dict[str, Any]) -> str:
     """The results as a Markdown table of ratios with targets."""
     builders: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
@@ -759,6 +846,9 @@ def table(results: dict[str, Any]) -> str:
     for name, build in builders.items():
         if name in results:
             rows += build(results[name])
+    if "breakdown" in results:
+        raw = results.get("overhead", {}).get("seconds_per_call", {}).get("raw httpx")
+        rows += _breakdown_rows(results["breakdown"], raw)
     lines = ["| measure | result | target | |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     return "\n".join(lines)
@@ -770,6 +860,7 @@ SECTIONS: dict[str, Callable[[LocalServer, Scale], dict[str, Any]]] = {
     "peers": peers,
     "throughput": throughput,
     "memory": memory,
+    "breakdown": breakdown,
 }
 
 
