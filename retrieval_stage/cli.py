@@ -122,13 +122,19 @@ ApiKeyHeader = Annotated[
     str,
     typer.Option(
         "--api-key-header",
+        envvar="RERANK_API_KEY_HEADER",
         help="Header that carries the key; 'Authorization' sends 'Bearer <key>' (Cohere, "
         "Jina, Voyage and TEI's own --api-key want that).",
     ),
 ]
 Timeout = Annotated[
     float,
-    typer.Option("--timeout", min=0.1, help="Seconds for one rerank call, retries included."),
+    typer.Option(
+        "--timeout",
+        envvar="RERANK_TIMEOUT",
+        min=0.1,
+        help="Seconds for one rerank call, retries included.",
+    ),
 ]
 RerankerOpt = Annotated[
     RerankerChoice,
@@ -318,6 +324,7 @@ class Tracing:
     provider: Any
     destinations: list[str]
     tally: _Tally
+    meter_provider: Any = None
 
     def summary(self) -> str:
         """One line: how many spans, which trace, and where they went (or how to send them)."""
@@ -373,7 +380,22 @@ def start_tracing(trace_file: Path | None) -> Tracing:
         destinations.append(f"written to {trace_file} (OTLP/JSON lines)")
     tally = _Tally()
     provider.add_span_processor(tally)
-    return Tracing(provider, destinations, tally)
+    return Tracing(provider, destinations, tally, _start_metrics())
+
+
+def _start_metrics() -> Any:
+    """Rerank metrics over OTLP when an OTLP endpoint is set for them; else none."""
+    if not (
+        os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    ):
+        return None
+    from .metrics import configure_metrics
+
+    try:
+        return configure_metrics()
+    except ValueError as exc:
+        _fail(EXIT_USAGE, f"OTLP metrics: {exc}")
 
 
 def _logging(level: str) -> None:
@@ -417,6 +439,8 @@ def _session(
             chosen.close()
     finally:
         tracing.provider.shutdown()
+        if tracing.meter_provider is not None:
+            tracing.meter_provider.shutdown()
         if tracing.tally.spans:
             _note(_err(), tracing.summary())
 
@@ -623,6 +647,18 @@ def demo(
     reranker: RerankerOpt = RerankerChoice.auto,
     trace_file: TraceFile = None,
     log_level: LogLevel = "warning",
+    repeat: Annotated[
+        int,
+        typer.Option(
+            "--repeat",
+            min=1,
+            help="Run this many pipelines (the query, then the bundled example queries in "
+            "turn), e.g. to keep traffic flowing into the compose stack's dashboards.",
+        ),
+    ] = 1,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.0, help="Seconds to wait between repeats.")
+    ] = 1.0,
 ) -> None:
     """Recall from the bundled corpus of Python docstrings, rerank, and show what moved.
 
@@ -654,7 +690,11 @@ def demo(
         choice=reranker,
     ) as (chosen, tracing):
         stage = RerankStage(
-            chosen.reranker, top_k=top_k, on_error="raise", tracer_provider=tracing.provider
+            chosen.reranker,
+            top_k=top_k,
+            on_error="raise",
+            tracer_provider=tracing.provider,
+            meter_provider=tracing.meter_provider,
         )
         pipeline = Pipeline(
             BM25Recall(documents), stage, recall_k=recall_k, tracer_provider=tracing.provider
@@ -677,6 +717,32 @@ def demo(
                 result.changes, score_label="score", recall_label="bm25", width=out.width
             )
         )
+        if repeat > 1:
+            _repeat(pipeline, chosen, query, repeat - 1, interval)
+
+
+def _repeat(pipeline: Any, chosen: Chosen, query: str, runs: int, interval: float) -> None:
+    """Run `runs` more pipelines, cycling through the example queries; one line each."""
+    import itertools
+    import time
+
+    from .corpus import data_path
+    from .evaluation import read_queries
+
+    queries = [*read_queries(data_path("example/queries.tsv")).values(), query]
+    err = _err()
+    try:
+        for n, text in enumerate(itertools.islice(itertools.cycle(queries), runs)):
+            time.sleep(interval)
+            try:
+                result = pipeline.run(text)
+            except RerankError as exc:
+                _note(err, f"run {n + 2}: rerank failed ({type(exc).__name__}: {exc})", "yellow")
+                continue
+            moved = sum(1 for change in result.changes if change.moved)
+            _note(err, f"run {n + 2}: {text!r}: {len(result.results)} results, {moved} moved")
+    except KeyboardInterrupt:
+        _note(err, "interrupted")
 
 
 @app.command()
@@ -743,7 +809,11 @@ def rerank(
         choice=reranker,
     ) as (chosen, tracing):
         stage = RerankStage(
-            chosen.reranker, top_k=top_k or None, on_error="raise", tracer_provider=tracing.provider
+            chosen.reranker,
+            top_k=top_k or None,
+            on_error="raise",
+            tracer_provider=tracing.provider,
+            meter_provider=tracing.meter_provider,
         )
         try:
             outputs = stage.run(query, candidates)
@@ -889,7 +959,12 @@ def eval_(
         timeout=timeout,
         choice=reranker,
     ) as (chosen, tracing):
-        stage = RerankStage(chosen.reranker, on_error="raise", tracer_provider=tracing.provider)
+        stage = RerankStage(
+            chosen.reranker,
+            on_error="raise",
+            tracer_provider=tracing.provider,
+            meter_provider=tracing.meter_provider,
+        )
         tracer = tracing.provider.get_tracer("retrieval_stage.cli")
         progress = Progress(
             TextColumn("reranking"),

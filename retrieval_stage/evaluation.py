@@ -303,7 +303,7 @@ def paired_permutation_test(
     if len(a) < 2 or all(x == y for x, y in zip(a, b, strict=True)):
         return 1.0  # one pair's two sign flips are equally extreme: no evidence either way
     import numpy as np
-    from scipy import stats  # type: ignore[import-untyped]
+    from scipy import stats
 
     def mean_difference(x: Any, y: Any, axis: int) -> Any:
         return np.mean(x - y, axis=axis)

@@ -19,7 +19,7 @@ __all__ = ["BM25Recall"]
 
 def _bm25s() -> Any:
     """The `bm25s` module, imported on first use (it pulls in numpy and scipy)."""
-    import bm25s  # type: ignore[import-untyped]
+    import bm25s
 
     return bm25s
 
