@@ -284,7 +284,20 @@ def test_compose_app_runs_the_demo_against_tei_and_the_collector() -> None:
     app = load_yaml(COMPOSE)["services"]["app"]
 
     assert app["build"]["context"] == ".."
-    assert app["command"] == ["demo", "--endpoint", "http://tei:80", "--provider", "tei"]
+    command = app["command"]
+    assert command[:5] == ["demo", "--endpoint", "http://tei:80", "--provider", "tei"]
+    # Every option in the command is one the real CLI accepts (parsed, not run).
+    import typer.main
+
+    from retrieval_stage.cli import app as cli_app
+
+    group = typer.main.get_command(cli_app)
+    ctx = group.make_context("retrieval-stage", list(command), resilient_parsing=False)
+    sub = group.get_command(ctx, command[0])  # type: ignore[attr-defined]
+    assert sub is not None
+    params = sub.make_context(command[0], list(command[1:])).params
+    assert params["endpoint"] == "http://tei:80"
+    assert params["repeat"] > 1, "the demo keeps traffic flowing into the dashboards"
     assert app["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318"
     assert app["depends_on"]["tei"]["condition"] == "service_healthy"
     assert "otel-collector" in app["depends_on"]
