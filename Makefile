@@ -12,8 +12,18 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# The [local] extra (sentence-transformers) needs torch. Install the CPU build first, pinned,
+# so pip never pulls a multi-GB CUDA build; where no CPU wheel can be had, skip the extra and
+# say so (the cross-encoder tests then skip with that reason; the lexical reranker still runs).
+TORCH_CPU ?= torch==2.13.0+cpu
+
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
+	@if $(BIN)/python -m pip install -q '$(TORCH_CPU)'; then \
+		$(BIN)/python -m pip install -q -e '.[test,local]'; \
+	else \
+		echo "note: $(TORCH_CPU) is not available here: skipping the [local] extra"; \
+	fi
 	touch $(STAMP)
 
 install: $(STAMP)

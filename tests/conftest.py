@@ -25,6 +25,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+# Tests never reach the internet: no Hugging Face hub look-ups, not even a DNS query.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
 FIXTURES = Path(__file__).parent / "wiremock"
 WIREMOCK_IMAGE = "wiremock/wiremock:3.13.2"
 STARTUP_SECONDS = 60.0
