@@ -138,6 +138,12 @@ class _Attempt:
     cause: str = ""
 
 
+def _spent(exc: RerankError, call: _Call) -> RerankError:
+    """`exc` carrying what the failed call spent, for the stage's span and metrics."""
+    exc.requests, exc.retries, exc.batches = call.requests, call.retries, call.batches
+    return exc
+
+
 @dataclass
 class _Call:
     """Per-call bookkeeping: the deadline and what was spent."""
@@ -457,8 +463,11 @@ class RerankClient(_ClientBase[httpx.Client]):
         if self._auto_batch:
             self._fetch_info(call)
         pairs: list[tuple[int, float]] = []
-        for start, stop in self._chunks(0, len(texts), self.batch_size):
-            pairs += self._score(call, query, texts, start, stop, cap)
+        try:
+            for start, stop in self._chunks(0, len(texts), self.batch_size):
+                pairs += self._score(call, query, texts, start, stop, cap)
+        except RerankError as exc:
+            raise _spent(exc, call) from None
         return self._finish(kept, call, pairs, cap)
 
     def _send(self, call: _Call, method: str, url: str, **kw: Any) -> _Reply:
@@ -574,9 +583,12 @@ class AsyncRerankClient(_ClientBase[httpx.AsyncClient]):
             await self._fetch_info(call)
         gate = asyncio.Semaphore(self.max_concurrency)
         chunks = self._chunks(0, len(texts), self.batch_size)
-        parts = await _all_or_nothing(
-            [self._score(call, gate, query, texts, a, b, cap) for a, b in chunks]
-        )
+        try:
+            parts = await _all_or_nothing(
+                [self._score(call, gate, query, texts, a, b, cap) for a, b in chunks]
+            )
+        except RerankError as exc:
+            raise _spent(exc, call) from None
         return self._finish(kept, call, [p for part in parts for p in part], cap)
 
     async def _fetch_info(self, call: _Call) -> None:

@@ -2,8 +2,9 @@
 
 Every failure of a rerank call surfaces as a `RerankError`, so a caller (and the stage's
 fallback) can catch one type. Lower-level httpx errors are translated in exactly one place,
-`retrieval_stage.client`, always chained with ``raise ... from exc``. No message here ever
-carries request headers, so an API key cannot leak through an exception.
+`retrieval_stage.client`, deliberately *not* chained: an httpx exception's context (request,
+headers) could carry the API key into a recorded stack trace. No message here ever carries
+request headers, and server text has the key replaced before it is quoted.
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ __all__ = [
 
 
 class RerankError(Exception):
-    """Base class: the rerank call failed and no result was returned."""
+    """Base class: the rerank call failed and no result was returned.
+
+    `requests`, `retries` and `batches` say what the failed call spent before it gave up
+    (filled in by the clients, zero otherwise), so traces and metrics count failing calls too.
+    """
+
+    requests: int = 0
+    retries: int = 0
+    batches: int = 0
 
 
 class RerankTransportError(RerankError):

@@ -15,6 +15,13 @@ T = TypeVar("T")
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """One recalled item: the caller's `id`, the `text` to score, and its recall `score`.
@@ -37,7 +44,7 @@ class Candidate:
         if self.score is not None and (
             isinstance(self.score, bool)
             or not isinstance(self.score, (int, float))
-            or not math.isfinite(self.score)
+            or not _finite(self.score)
         ):
             raise ValueError(
                 f"Candidate.score must be a finite number or None, got {self.score!r} "

@@ -52,14 +52,23 @@ def recall_order(candidates: Sequence[Candidate]) -> list[int]:
 
 
 def map_results(
-    candidates: Sequence[Candidate], results: Sequence[tuple[Any, Any]]
+    candidates: Sequence[Candidate],
+    results: Sequence[tuple[Any, Any]],
+    top_k: int | None = None,
 ) -> list[tuple[int, float]]:
     """(input position, score) for each result, checked against the candidates given.
 
     Any reranker's output passes through here: an item that is not one of the candidates (by
-    identity), a candidate returned more often than given, a malformed pair, or a score that is
-    not a finite number raises `RerankProtocolError`. Sorted best first, ties in input order.
+    identity), a candidate returned more often than given, a malformed pair, a score that is
+    not a finite number, or fewer results than min(top_k, n) (a candidate silently dropped)
+    raises `RerankProtocolError`. Sorted best first, ties in input order.
     """
+    wanted = len(candidates) if top_k is None else min(top_k, len(candidates))
+    if len(results) < wanted:
+        raise RerankProtocolError(
+            f"reranker returned {len(results)} results for {len(candidates)} candidates; "
+            f"expected {wanted}"
+        )
     positions: dict[int, list[int]] = {}
     for i, candidate in enumerate(candidates):
         positions.setdefault(id(candidate), []).append(i)
@@ -75,9 +84,13 @@ def map_results(
             )
         if isinstance(score, bool) or not isinstance(score, (int, float)):
             raise RerankProtocolError(f"reranker result {n}: score is a {type(score).__name__}")
-        if not math.isfinite(score):
-            raise RerankProtocolError(f"reranker result {n}: score {score!r} is not finite")
-        mapped.append((free.pop(0), float(score)))
+        try:
+            value = float(score)
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise RerankProtocolError(f"reranker result {n}: score is not a finite number")
+        mapped.append((free.pop(0), value))
     mapped.sort(key=lambda p: (-p[1], p[0]))
     return mapped
 
@@ -202,7 +215,7 @@ class RerankStage:
         started: float,
     ) -> list[Reranked]:
         try:
-            mapped = map_results(cands, response.results)
+            mapped = map_results(cands, response.results, self.top_k)
         except RerankProtocolError as exc:
             return self._failed(span, cands, exc, started)
         if self.top_k is not None:
@@ -239,12 +252,19 @@ class RerankStage:
             model=model,
         )
         outcome = "fallback" if self.on_error == "fallback" else "error"
-        empty: RerankResponse[Candidate] = RerankResponse(results=[])
+        spent: RerankResponse[Candidate] = RerankResponse(
+            results=[], requests=exc.requests, retries=exc.retries, batches=exc.batches
+        )
+        stats: dict[str, Any] = {
+            "error.type": type(exc).__name__,
+            ATTR_REQUESTS: exc.requests,
+            ATTR_RETRIES: exc.retries,
+            ATTR_BATCHES: exc.batches,
+        }
         if self.on_error == "raise":
             if span.is_recording():
-                span.set_attribute("error.type", type(exc).__name__)
-                self._finish_span(span, cands, [], {ATTR_FALLBACK: False}, model)
-            self._record(started, cands, empty, outcome, None, model)
+                self._finish_span(span, cands, [], {**stats, ATTR_FALLBACK: False}, model)
+            self._record(started, cands, spent, outcome, None, model)
             raise exc
         span.record_exception(exc)
         span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
@@ -253,11 +273,9 @@ class RerankStage:
             order = order[: self.top_k]
         outputs = [Reranked(cands[i], cands[i].score, i, reranked=False) for i in order]
         if span.is_recording():
-            span.set_attribute("error.type", type(exc).__name__)
-            self._finish_span(
-                span, cands, outputs, {ATTR_FALLBACK: True, ATTR_TOP1_CHANGED: False}, model
-            )
-        self._record(started, cands, empty, outcome, False, model)
+            stats.update({ATTR_FALLBACK: True, ATTR_TOP1_CHANGED: False})
+            self._finish_span(span, cands, outputs, stats, model)
+        self._record(started, cands, spent, outcome, False, model)
         return outputs
 
     # -- telemetry ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 __all__ = [
     "DEFAULT_SPAN_ATTRIBUTE_LIMIT",
+    "BoundedBatchSpanProcessor",
     "add_trace_context",
     "configure_logging",
     "configure_metrics",
@@ -88,6 +89,7 @@ def configure_tracing(
     span_limits: SpanLimits | None = None,
     set_global: bool = False,
     resource_attributes: Mapping[str, Any] | None = None,
+    export_timeout: float = DEFAULT_EXPORT_TIMEOUT_S,
 ) -> TracerProvider:
     """An SDK TracerProvider exporting over OTLP through a BatchSpanProcessor.
 
@@ -97,6 +99,8 @@ def configure_tracing(
     (an explicit ``OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`` wins). `service_name` falls back to
     ``OTEL_SERVICE_NAME``, then ``retrieval-stage``. Set `set_global` to install the provider as
     OpenTelemetry's global one; it is returned either way, and flushed at process exit.
+    `export_timeout` (seconds) bounds each export of the exporter built here and the flush at
+    shutdown, so a stuck collector never holds process exit longer than that.
     """
     name = service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
     attributes: dict[str, Any] = dict(resource_attributes or {})
@@ -108,11 +112,37 @@ def configure_tracing(
             max_span_attributes=None if env_limit else DEFAULT_SPAN_ATTRIBUTE_LIMIT
         )
     provider = TracerProvider(resource=resource, span_limits=span_limits)
-    span_exporter = exporter or otlp_span_exporter(endpoint, protocol=protocol, headers=headers)
-    provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    span_exporter = exporter or otlp_span_exporter(
+        endpoint, protocol=protocol, headers=headers, timeout=export_timeout
+    )
+    provider.add_span_processor(
+        BoundedBatchSpanProcessor(span_exporter, shutdown_timeout=export_timeout)
+    )
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
+
+
+class BoundedBatchSpanProcessor(BatchSpanProcessor):
+    """A BatchSpanProcessor whose shutdown waits at most `shutdown_timeout` seconds.
+
+    The SDK's shutdown joins its worker for up to 30 s and exports every queued batch, one
+    exporter timeout each: with a stuck collector and a full queue, process exit would wait a
+    multiple of the exporter's timeout. Past the bound, what is still queued is dropped.
+    """
+
+    def __init__(self, span_exporter: SpanExporter, *, shutdown_timeout: float) -> None:
+        super().__init__(span_exporter)
+        self._shutdown_timeout_ms = max(int(shutdown_timeout * 1000), 1)
+
+    def shutdown(self) -> None:
+        """Flush what fits in the bound, then stop."""
+        inner: Any = getattr(self, "_batch_processor", None)
+        if inner is None:  # pragma: no cover - an SDK without the shared batch processor
+            base: Any = super()
+            base.shutdown()
+            return
+        inner.shutdown(timeout_millis=self._shutdown_timeout_ms)
 
 
 def configure_metrics(*args: Any, **kwargs: Any) -> Any:

@@ -112,6 +112,23 @@ def test_fallback_returns_recall_order_and_marks_the_span(wm: WireMock, spans: S
     assert [e.name for e in span.events] == ["exception"]
     assert span.attributes["reranker.output_documents.0.document.id"] == "high"
     assert "reranker.output_documents.3.document.score" not in span.attributes
+    assert span.attributes["retrieval_stage.requests"] == 1
+    assert span.attributes["retrieval_stage.retries"] == 0
+
+
+def test_failed_call_records_what_it_spent(wm: WireMock, spans: Spans) -> None:
+    provider, exporter = spans
+    wm.stub_json("/tei/down/rerank", {"error": "down", "error_type": "Unhealthy"}, status=503)
+    with RerankClient(wm.url + "/tei/down", max_retries=2, random=lambda: 1.0) as client:
+        with pytest.raises(RerankStatusError) as caught:
+            client.rerank("q", ["A"])
+        assert (caught.value.requests, caught.value.retries) == (3, 2)
+        RerankStage(client, tracer_provider=provider).run("q", two())
+    span = only_span(exporter)
+    assert span.attributes["retrieval_stage.fallback"] is True
+    assert span.attributes["retrieval_stage.requests"] == 3
+    assert span.attributes["retrieval_stage.retries"] == 2
+    assert [e.name for e in span.events].count("rerank.retry_scheduled") == 2
 
 
 def test_on_error_raise_reraises_and_records_once(wm: WireMock, spans: Spans) -> None:

@@ -149,16 +149,11 @@ def test_shutdown_returns_within_the_exporter_timeout(wm: WireMock, kind: str) -
     assert time.monotonic() - started < EXPORT_TIMEOUT + MARGIN
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="configure_tracing's BatchSpanProcessor shuts down with the SDK's 30 s join and "
-    "exports every queued batch: with 1,500 spans queued (3 batches of 512) and a stuck "
-    "collector, exit waits 3 x the exporter timeout",
-)
 def test_shutdown_with_many_queued_spans_is_bounded_by_one_exporter_timeout(wm: WireMock) -> None:
     provider = configure_tracing(
         "telemetry-faults",
         exporter=otlp_span_exporter(collector(wm, "slow"), timeout=EXPORT_TIMEOUT),
+        export_timeout=EXPORT_TIMEOUT,
     )
     tracer = provider.get_tracer("queue-filler")
     for _ in range(1500):
