@@ -261,6 +261,20 @@ def expected_results(fmt: WireFormat, n_texts: int, top_n: int | None) -> int:
     return n_texts
 
 
+def _keys(entry: Mapping[str, Any]) -> str:
+    """An entry's keys only: its values may be document text, which must not reach logs."""
+    shown = sorted(entry)[:8]
+    return f"keys {shown}" if shown else "an empty object"
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    for kind, name in kinds.items():
+        if isinstance(value, kind):
+            return name
+    return "a number" if isinstance(value, (int, float)) else type(value).__name__
+
+
 def _describe(value: Any) -> str:
     text = json.dumps(value, default=repr)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -268,7 +282,7 @@ def _describe(value: Any) -> str:
 
 def _score(entry: Mapping[str, Any], key: str, position: int) -> float:
     if key not in entry:
-        raise RerankProtocolError(f"result {position} has no {key!r}: {_describe(entry)}")
+        raise RerankProtocolError(f"result {position} has no {key!r}: {_keys(entry)}")
     score = entry[key]
     if isinstance(score, bool) or not isinstance(score, (int, float)):
         raise RerankProtocolError(
@@ -317,7 +331,7 @@ def _key_of(fmt: WireFormat, entry: Mapping[str, Any], position: int, n_texts: i
             )
         return int(raw_id)
     if "index" not in entry:
-        raise RerankProtocolError(f"result {position} has no 'index': {_describe(entry)}")
+        raise RerankProtocolError(f"result {position} has no 'index': {_keys(entry)}")
     index = entry["index"]
     if isinstance(index, bool) or not isinstance(index, int):
         raise RerankProtocolError(
@@ -351,7 +365,7 @@ def parse_response(
     for position, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise RerankProtocolError(
-                f"result {position} must be a JSON object, got {_describe(entry)}"
+                f"result {position} must be a JSON object, got {_json_kind(entry)}"
             )
         index = _key_of(fmt, entry, position, n_texts)
         if index in seen:
