@@ -326,6 +326,18 @@ class Tracing:
     tally: _Tally
     meter_provider: Any = None
 
+    def stage(self, chosen: Chosen, top_k: int | None) -> Any:
+        """The command's `RerankStage`: traced and metered here; errors raise (exit code 1)."""
+        from .stage import RerankStage
+
+        return RerankStage(
+            chosen.reranker,
+            top_k=top_k,
+            on_error="raise",
+            tracer_provider=self.provider,
+            meter_provider=self.meter_provider,
+        )
+
     def summary(self) -> str:
         """One line: how many spans, which trace, and where they went (or how to send them)."""
         if not self.tally.traces:
@@ -671,7 +683,6 @@ def demo(
     from .corpus import load_corpus
     from .pipeline import Pipeline
     from .recall import BM25Recall
-    from .stage import RerankStage
 
     documents = load_corpus() if corpus is None else _read_candidates(str(corpus), "--corpus")
     if not documents:
@@ -689,13 +700,7 @@ def demo(
         timeout=timeout,
         choice=reranker,
     ) as (chosen, tracing):
-        stage = RerankStage(
-            chosen.reranker,
-            top_k=top_k,
-            on_error="raise",
-            tracer_provider=tracing.provider,
-            meter_provider=tracing.meter_provider,
-        )
+        stage = tracing.stage(chosen, top_k)
         pipeline = Pipeline(
             BM25Recall(documents), stage, recall_k=recall_k, tracer_provider=tracing.provider
         )
@@ -795,7 +800,6 @@ def rerank(
         _note(err, "no candidates on the input: nothing to rerank")
         return
     from .pipeline import compare_ranks
-    from .stage import RerankStage
 
     with _session(
         log_level=log_level,
@@ -808,13 +812,7 @@ def rerank(
         timeout=timeout,
         choice=reranker,
     ) as (chosen, tracing):
-        stage = RerankStage(
-            chosen.reranker,
-            top_k=top_k or None,
-            on_error="raise",
-            tracer_provider=tracing.provider,
-            meter_provider=tracing.meter_provider,
-        )
+        stage = tracing.stage(chosen, top_k or None)
         try:
             outputs = stage.run(query, candidates)
         except RerankError as exc:
@@ -946,8 +944,6 @@ def eval_(
         _fail(EXIT_USAGE, f"no query in {queries_path} has a relevant document in {qrels_path}")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from .stage import RerankStage
-
     with _session(
         log_level=log_level,
         trace_file=trace_file,
@@ -959,12 +955,7 @@ def eval_(
         timeout=timeout,
         choice=reranker,
     ) as (chosen, tracing):
-        stage = RerankStage(
-            chosen.reranker,
-            on_error="raise",
-            tracer_provider=tracing.provider,
-            meter_provider=tracing.meter_provider,
-        )
+        stage = tracing.stage(chosen, None)
         tracer = tracing.provider.get_tracer("retrieval_stage.cli")
         progress = Progress(
             TextColumn("reranking"),
