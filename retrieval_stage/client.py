@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 import httpx
-import structlog
 from opentelemetry import trace
 
+from ._deadline_io import CALL_DEADLINE
+from ._deadline_io import install as install_deadline
+from ._log import get_logger
 from .errors import RerankError, RerankProtocolError, RerankStatusError, RerankTransportError
 from .models import RerankResponse, Usage
 from .providers import (
@@ -41,7 +43,7 @@ __all__ = ["AsyncRerankClient", "RerankClient"]
 T = TypeVar("T")
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
 
-log = structlog.get_logger("retrieval_stage.client")
+log = get_logger("retrieval_stage.client")
 
 _MISSING = object()
 
@@ -91,6 +93,31 @@ def snapshot(
             raise TypeError(f"text of item {i} must be a str, got {type(value).__name__}")
         texts.append(value)
     return kept, texts, cap
+
+
+def check_sendable(query: str, texts: Sequence[str]) -> None:
+    """ValueError, before any I/O, for text that cannot be sent as UTF-8 JSON (a lone
+    surrogate, say): httpx would fail mid-call with an error outside the `RerankError` tree."""
+    for i, text in enumerate((query, *texts)):
+        if text.isascii():
+            continue
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            what = "the query" if i == 0 else f"the text of item {i - 1}"
+            where = f"lone surrogate at {exc.start}"
+            raise ValueError(f"{what} is not valid Unicode ({where})") from None
+
+
+def _masked(url: object) -> object:
+    """`url` with any ``user:password@`` part replaced, for reprs and messages."""
+    if not isinstance(url, str) or "@" not in url:
+        return url
+    scheme, sep, rest = url.partition("://")
+    host_part, slash, path = rest.partition("/")
+    if "@" not in host_part:
+        return url
+    return f"{scheme}{sep}***@{host_part.rsplit('@', 1)[1]}{slash}{path}"
 
 
 def rank(pairs: list[tuple[int, float]], top_k: int | None) -> list[tuple[int, float]]:
@@ -179,7 +206,19 @@ class _ClientBase(Generic[H]):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+            raise ValueError(f"base_url must be an http(s) URL, got {_masked(base_url)!r}")
+        try:
+            if not httpx.URL(base_url).host:
+                raise ValueError("no host")
+        except (httpx.InvalidURL, ValueError) as exc:
+            raise ValueError(
+                f"base_url is not a valid URL ({exc}): {_masked(base_url)!r}"
+            ) from None
+        if http_client is not None and not isinstance(http_client, self._http_type()):
+            raise TypeError(
+                f"{type(self).__name__} needs an {self._http_type().__name__} as http_client, "
+                f"got {type(http_client).__name__}"
+            )
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if max_retries < 0:
@@ -228,6 +267,10 @@ class _ClientBase(Generic[H]):
         """A fresh httpx client of the flavour this class drives (TLS verification on)."""
         raise NotImplementedError
 
+    @classmethod
+    def _http_type(cls) -> type[H]:
+        raise NotImplementedError
+
     # -- public read-only facts -------------------------------------------------------------
 
     @property
@@ -250,7 +293,8 @@ class _ClientBase(Generic[H]):
     def __repr__(self) -> str:
         key = "<set>" if self._api_key else None
         return (
-            f"{type(self).__name__}(base_url={self.base_url!r}, provider={self.provider!r}, "
+            f"{type(self).__name__}(base_url={_masked(self.base_url)!r}, "
+            f"provider={self.provider!r}, "
             f"model={self.model!r}, api_key={key}, timeout={self.timeout})"
         )
 
@@ -305,7 +349,8 @@ class _ClientBase(Generic[H]):
                 return _Attempt(error=RerankProtocolError(self._redact(str(exc))))
             return _Attempt(parsed=parsed)
         status = response.status_code
-        message = error_message(self._redact_bytes(response.content))
+        # Redact before cutting (a cut key survives) and after decoding (an escaped one does).
+        message = self._redact(error_message(self._redact_bytes(response.content)))
         error = RerankStatusError(status, message, provider=self.provider)
         if status in (413, 422):
             cap = batch_size_refusal(message)
@@ -423,7 +468,13 @@ class RerankClient(_ClientBase[httpx.Client]):
     """
 
     def _new_http(self) -> httpx.Client:
-        return httpx.Client()
+        transport = httpx.HTTPTransport()
+        install_deadline(transport)
+        return httpx.Client(transport=transport)
+
+    @classmethod
+    def _http_type(cls) -> type[httpx.Client]:
+        return httpx.Client
 
     def __enter__(self) -> RerankClient:
         return self
@@ -457,6 +508,7 @@ class RerankClient(_ClientBase[httpx.Client]):
     ) -> RerankResponse[T]:
         """Like `rerank`, with usage, model and request counts."""
         kept, texts, cap = snapshot(query, items, text, top_k)
+        check_sendable(query, texts)
         call = _Call(Deadline(self.timeout, self._clock))
         if not texts:
             return self._finish(kept, call, [], cap)
@@ -476,15 +528,20 @@ class RerankClient(_ClientBase[httpx.Client]):
         httpx's timeout bounds each read, not the whole body, so a server trickling bytes could
         hold the call for ever: the deadline is checked after every chunk received.
         """
-        with self._http.stream(
-            method, url, headers=self._headers(), timeout=call.deadline.remaining(), **kw
-        ) as response:
-            parts: list[bytes] = []
-            for chunk in response.iter_bytes():
-                parts.append(chunk)
-                if call.deadline.expired():
-                    raise self._deadline_error(call)
-            return _Reply(response.status_code, response.headers, b"".join(parts))
+        remaining = call.deadline.remaining()
+        token = CALL_DEADLINE.set(time.monotonic() + remaining)
+        try:
+            with self._http.stream(
+                method, url, headers=self._headers(), timeout=remaining, **kw
+            ) as response:
+                parts: list[bytes] = []
+                for chunk in response.iter_bytes():
+                    parts.append(chunk)
+                    if call.deadline.expired():
+                        raise self._deadline_error(call)
+                return _Reply(response.status_code, response.headers, b"".join(parts))
+        finally:
+            CALL_DEADLINE.reset(token)
 
     def _fetch_info(self, call: _Call) -> None:
         try:
@@ -539,10 +596,18 @@ class RerankClient(_ClientBase[httpx.Client]):
 
 
 class AsyncRerankClient(_ClientBase[httpx.AsyncClient]):
-    """Asynchronous rerank client; sub-batches go concurrently, at most `max_concurrency`."""
+    """Asynchronous rerank client; a call's sub-batches go concurrently.
+
+    `max_concurrency` bounds the requests of one call; concurrent calls each get their own
+    bound (a client-wide semaphore would tie the client to one event loop).
+    """
 
     def _new_http(self) -> httpx.AsyncClient:
         return httpx.AsyncClient()
+
+    @classmethod
+    def _http_type(cls) -> type[httpx.AsyncClient]:
+        return httpx.AsyncClient
 
     async def __aenter__(self) -> AsyncRerankClient:
         return self
@@ -576,6 +641,7 @@ class AsyncRerankClient(_ClientBase[httpx.AsyncClient]):
     ) -> RerankResponse[T]:
         """Like `rerank`, with usage, model and request counts."""
         kept, texts, cap = snapshot(query, items, text, top_k)
+        check_sendable(query, texts)
         call = _Call(Deadline(self.timeout, self._clock))
         if not texts:
             return self._finish(kept, call, [], cap)

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 from urllib.parse import urlsplit
 
-import structlog
-
+from ._log import get_logger
 from .client import AsyncRerankClient, RerankClient
 from .null import AsyncNullReranker, NullReranker
 from .providers import PROVIDERS
@@ -45,7 +44,7 @@ __all__ = [
     "make_reranker",
 ]
 
-log = structlog.get_logger("retrieval_stage.config")
+log = get_logger("retrieval_stage.config")
 
 BatchSize: TypeAlias = int | Literal["auto"] | None
 

@@ -32,7 +32,9 @@ class Candidate:
     id: str
     text: str
     score: float | None = None
-    metadata: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    # Left out of the hash (a mapping is not hashable) but compared, so Candidates can key
+    # dicts and sets: equal candidates still hash equal.
+    metadata: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, hash=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str):

@@ -12,7 +12,7 @@ Policy (documented in the README):
   only repeat;
 - wait before retry ``n`` (0-based): ``min(0.5 * 2**n, 8) * (1 - 0.25 * random())`` seconds,
   unless the server sent ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date), which
-  wins when it is between 0 and 60 seconds;
+  wins (a negative hint counts as zero);
 - never wait past the call's deadline: a retry whose wait would end after it is not made.
 """
 
@@ -46,7 +46,6 @@ ONCE_STATUSES = frozenset({424})
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 8.0
-RETRY_AFTER_MAX_S = 60.0
 
 
 def is_retryable_status(status: int, *, previous_424s: int = 0) -> bool:
@@ -91,8 +90,9 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None
     """The server's requested wait in seconds, or None when absent or unusable.
 
     ``retry-after-ms`` wins over ``Retry-After``; the latter may be seconds or an HTTP date,
-    compared against `now` (a Unix timestamp). Negative values count as zero; values past
-    60 s are ignored (a server asking for minutes is better treated as down).
+    compared against `now` (a Unix timestamp). Negative values count as zero. A long wait is
+    returned as asked: `retry_wait` then refuses the retry when it cannot finish before the
+    call's deadline, rather than hammering a server that asked for time.
     """
     lowered = {k.lower(): v for k, v in headers.items()}
     raw_ms = lowered.get("retry-after-ms")
@@ -122,9 +122,7 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None
     return _usable(seconds)
 
 
-def _usable(seconds: float) -> float | None:
-    if seconds > RETRY_AFTER_MAX_S:
-        return None
+def _usable(seconds: float) -> float:
     return max(seconds, 0.0)
 
 

@@ -40,9 +40,12 @@ __all__ = [
     "ATTR_USAGE_TOTAL_TOKENS",
     "DEFAULT_MAX_CONTENT_BYTES",
     "TRUNCATION_MARKER",
+    "attribute_limit",
     "cap_content",
     "document_attributes",
+    "fit_stats",
     "identity_attributes",
+    "metadata_json",
 ]
 
 ATTR_PROVIDER = "retrieval_stage.provider"
@@ -82,12 +85,13 @@ def identity_attributes(
     provider: str | None,
     documents: int,
     config: TraceConfig,
+    max_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
 ) -> dict[str, AttributeValue]:
     """What makes the span a RERANKER span: set at start, before anything can evict it."""
     attributes: dict[str, AttributeValue] = {
         SpanAttributes.OPENINFERENCE_SPAN_KIND: OpenInferenceSpanKindValues.RERANKER.value,
     }
-    masked = config.mask(RerankerAttributes.RERANKER_QUERY, query)
+    masked = config.mask(RerankerAttributes.RERANKER_QUERY, cap_content(query, max_bytes))
     if masked is not None:
         attributes[RerankerAttributes.RERANKER_QUERY] = masked
     if model_name is not None:
@@ -101,18 +105,41 @@ def identity_attributes(
 
 
 def cap_content(text: str, max_bytes: int) -> str:
-    """`text` cut to at most `max_bytes` UTF-8 bytes, ending in a marker when it was cut."""
-    if len(text) * 4 <= max_bytes:
-        return text  # even all-4-byte characters would fit: skip encoding
-    raw = text.encode("utf-8")
+    """`text` cut to at most `max_bytes` UTF-8 bytes, ending in a marker when it was cut.
+
+    Never splits a character, and replaces what UTF-8 cannot encode (a lone surrogate), which
+    would otherwise make the exporter drop the whole batch of spans.
+    """
+    if text.isascii():  # one byte per character: no encoding needed
+        if len(text) <= max_bytes:
+            return text
+        return text[: max_bytes - _MARKER_BYTES] + TRUNCATION_MARKER
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", errors="replace")
+        text = raw.decode("utf-8")
     if len(raw) <= max_bytes:
         return text
     head = raw[: max_bytes - _MARKER_BYTES].decode("utf-8", errors="ignore")
     return head + TRUNCATION_MARKER
 
 
-def _metadata_json(metadata: Mapping[str, Any]) -> str:
-    return json.dumps(dict(metadata), ensure_ascii=False, default=str, sort_keys=True)
+def metadata_json(metadata: Mapping[str, Any], max_bytes: int) -> str:
+    """`metadata` as a JSON object string (Phoenix parses it), whatever the mapping holds.
+
+    Keys that are not strings are stringified, values JSON cannot hold are shown by `str`,
+    NaN and infinities (not JSON) by `repr`; past `max_bytes` the text is kept, cut, under
+    ``"_truncated"`` so it stays valid JSON.
+    """
+    plain = {str(key): value for key, value in metadata.items()}
+    try:
+        text = json.dumps(plain, ensure_ascii=False, default=str, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        text = json.dumps({"_repr": repr(plain)}, ensure_ascii=False)
+    if len(text) <= max_bytes // 4 or len(text.encode("utf-8", errors="replace")) <= max_bytes:
+        return cap_content(text, max_bytes)
+    return json.dumps({"_truncated": cap_content(text, max_bytes // 2)}, ensure_ascii=False)
 
 
 def _document(
@@ -120,14 +147,22 @@ def _document(
 ) -> dict[str, AttributeValue]:
     base = f"{prefix}.{i}."
     doc: dict[str, AttributeValue] = {
-        base + _ID: candidate.id,
+        base + _ID: cap_content(candidate.id, max_bytes),
         base + _CONTENT: cap_content(candidate.text, max_bytes),
     }
     if score is not None:
         doc[base + _SCORE] = score
     if candidate.metadata:
-        doc[base + _METADATA] = _metadata_json(candidate.metadata)
+        doc[base + _METADATA] = metadata_json(candidate.metadata, max_bytes)
     return doc
+
+
+def fit_stats(span: Span, stats: Mapping[str, AttributeValue]) -> dict[str, AttributeValue]:
+    """The head of `stats` that fits under the span's attribute limit (they come first)."""
+    room = _room(span)
+    if room is None:
+        return dict(stats)
+    return dict(list(stats.items())[: max(room - _RESERVED, 0)])
 
 
 def attribute_limit(span: Span) -> int | None:
@@ -173,26 +208,29 @@ def document_attributes(
             _document(prefix, i, r.candidate, r.score, max_content_length)
             for i, r in enumerate(outputs)
         ]
-    limit = attribute_limit(span)
-    if limit is None:
+    room = _room(span)
+    if room is None:
         kept_in, kept_out = len(inputs), len(outs)
     else:
-        used = len(getattr(span, "attributes", None) or {})
-        budget = limit - used - _RESERVED
-        if sum(map(len, inputs)) + sum(map(len, outs)) <= budget:
-            kept_in, kept_out = len(inputs), len(outs)  # all fit: skip the alternating walk
-        else:
-            kept_in, kept_out = _fit(inputs, outs, budget)
+        kept_in, kept_out = _fit(inputs, outs, room - _RESERVED)
     attributes: dict[str, AttributeValue] = {}
     for doc in inputs[:kept_in]:
         attributes.update(doc)
     for doc in outs[:kept_out]:
         attributes.update(doc)
-    if kept_in < len(inputs):
-        attributes[ATTR_INPUT_OMITTED] = len(inputs) - kept_in
-    if kept_out < len(outs):
-        attributes[ATTR_OUTPUT_OMITTED] = len(outs) - kept_out
+    omitted = {ATTR_INPUT_OMITTED: len(inputs) - kept_in, ATTR_OUTPUT_OMITTED: len(outs) - kept_out}
+    for key, count in omitted.items():
+        if count and (room is None or len(attributes) < room):
+            attributes[key] = count
     return attributes
+
+
+def _room(span: Span) -> int | None:
+    """Attributes the span can still take before the SDK starts evicting; None: no limit."""
+    limit = attribute_limit(span)
+    if limit is None:
+        return None
+    return max(limit - len(getattr(span, "attributes", None) or {}), 0)
 
 
 def _fit(

@@ -11,17 +11,21 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import numbers
 import time
 from collections.abc import Sequence
 from typing import Any, Literal
 
-import structlog
 from openinference.instrumentation import TraceConfig
+from openinference.semconv.trace import RerankerAttributes
 from opentelemetry import trace
+from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import Span, Status, StatusCode, TracerProvider
 
+from ._log import get_logger
 from ._version import __version__
 from .errors import RerankError, RerankProtocolError
+from .metrics import RerankMetrics
 from .models import Candidate, Reranked, RerankResponse, Usage
 from .spans import (
     ATTR_BATCHES,
@@ -32,13 +36,15 @@ from .spans import (
     ATTR_USAGE_SEARCH_UNITS,
     ATTR_USAGE_TOTAL_TOKENS,
     DEFAULT_MAX_CONTENT_BYTES,
+    cap_content,
     document_attributes,
+    fit_stats,
     identity_attributes,
 )
 
 __all__ = ["RerankStage"]
 
-log = structlog.get_logger("retrieval_stage.stage")
+log = get_logger("retrieval_stage.stage")
 
 OnError = Literal["fallback", "raise"]
 
@@ -82,7 +88,7 @@ def map_results(
             raise RerankProtocolError(
                 f"reranker result {n} is not one of the candidates given, or is returned twice"
             )
-        if isinstance(score, bool) or not isinstance(score, (int, float)):
+        if isinstance(score, bool) or not isinstance(score, numbers.Real):
             raise RerankProtocolError(f"reranker result {n}: score is a {type(score).__name__}")
         try:
             value = float(score)
@@ -114,7 +120,7 @@ class RerankStage:
         model_name: str | None = None,
         on_error: OnError = "fallback",
         tracer_provider: TracerProvider | None = None,
-        meter_provider: Any = None,
+        meter_provider: MeterProvider | None = None,
         min_score: float | None = None,
         max_content_length: int = DEFAULT_MAX_CONTENT_BYTES,
         trace_config: TraceConfig | None = None,
@@ -188,9 +194,8 @@ class RerankStage:
         if callable(detailed):
             result: RerankResponse[Candidate] = detailed(query, cands, text=_text, top_k=self.top_k)
             return result
-        return RerankResponse(
-            results=self.reranker.rerank(query, cands, text=_text, top_k=self.top_k)
-        )
+        reranker = self.reranker  # sync here: checked by `run`
+        return RerankResponse(results=reranker.rerank(query, cands, text=_text, top_k=self.top_k))
 
     async def _acall(self, query: str, cands: list[Candidate]) -> RerankResponse[Candidate]:
         if not cands:
@@ -201,8 +206,9 @@ class RerankStage:
                 query, cands, text=_text, top_k=self.top_k
             )
             return result
+        reranker = self.reranker  # async here: checked by `arun`
         return RerankResponse(
-            results=await self.reranker.rerank(query, cands, text=_text, top_k=self.top_k)
+            results=await reranker.rerank(query, cands, text=_text, top_k=self.top_k)
         )
 
     # -- outcomes ----------------------------------------------------------------------------
@@ -217,6 +223,8 @@ class RerankStage:
         try:
             mapped = map_results(cands, response.results, self.top_k)
         except RerankProtocolError as exc:
+            exc.requests, exc.retries = response.requests, response.retries
+            exc.batches = response.batches
             return self._failed(span, cands, exc, started)
         if self.top_k is not None:
             mapped = mapped[: self.top_k]
@@ -289,6 +297,7 @@ class RerankStage:
             provider=_attr(self.reranker, "provider"),
             documents=len(cands),
             config=self.trace_config,
+            max_bytes=self.max_content_length,
         )
         return self._tracer.start_as_current_span(
             "rerank",
@@ -305,20 +314,25 @@ class RerankStage:
         stats: dict[str, Any],
         model: str | None,
     ) -> None:
-        from openinference.semconv.trace import RerankerAttributes
-
-        if model is not None:
-            stats[RerankerAttributes.RERANKER_MODEL_NAME] = model
-        span.set_attributes(stats)
-        span.set_attributes(
-            document_attributes(
-                span,
-                cands,
-                outputs,
-                config=self.trace_config,
-                max_content_length=self.max_content_length,
+        """Outcome attributes, then as many documents as fit. Never raises: telemetry must
+        not turn a good rerank into an error."""
+        try:
+            if model is not None:
+                stats[RerankerAttributes.RERANKER_MODEL_NAME] = cap_content(
+                    model, self.max_content_length
+                )
+            span.set_attributes(fit_stats(span, stats))
+            span.set_attributes(
+                document_attributes(
+                    span,
+                    cands,
+                    outputs,
+                    config=self.trace_config,
+                    max_content_length=self.max_content_length,
+                )
             )
-        )
+        except Exception as exc:  # pragma: no cover - defensive; see test_stage
+            log.warning("rerank.span_attributes_failed", caused_by=type(exc).__name__)
 
     def _record(
         self,
@@ -329,8 +343,6 @@ class RerankStage:
         top1_changed: bool | None,
         model: str | None,
     ) -> None:
-        if self._metrics is None:
-            return
         self._metrics.record(
             duration_s=time.perf_counter() - started,
             documents=len(cands),
@@ -376,9 +388,5 @@ def _checked(query: str, candidates: Sequence[Candidate]) -> list[Candidate]:
     return cands
 
 
-def _make_metrics(meter_provider: Any) -> Any:
-    try:
-        from .metrics import RerankMetrics
-    except ImportError:  # pragma: no cover - metrics module ships with the package
-        return None
+def _make_metrics(meter_provider: MeterProvider | None) -> RerankMetrics:
     return RerankMetrics(meter_provider)

@@ -55,9 +55,9 @@ def otlp_span_exporter(
 
     `protocol` falls back to ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` then
     ``OTEL_EXPORTER_OTLP_PROTOCOL`` (the SDK reads these only in auto-configuration, so code that
-    builds its exporter must). `endpoint` is used as given; when None the exporter reads the
-    standard ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variables itself (appending ``/v1/traces`` to the
-    generic one for HTTP).
+    builds its exporter must). `endpoint` is the collector's base URL: for HTTP ``/v1/traces`` is
+    appended unless already there; for gRPC it is used as given. When None the exporter reads
+    the standard ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variables itself.
     """
     chosen = (protocol or _protocol("TRACES")).lower()
     if chosen == "grpc":

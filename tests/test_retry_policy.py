@@ -19,7 +19,6 @@ from retrieval_stage import client as client_module
 from retrieval_stage.retry import (
     BACKOFF_BASE_S,
     BACKOFF_MAX_S,
-    RETRY_AFTER_MAX_S,
     Deadline,
     backoff_delay,
     is_retryable_error,
@@ -171,11 +170,13 @@ def test_garbage_retry_after_is_ignored(value: str) -> None:
     assert parse_retry_after({"Retry-After": value}, now=NOW) is None
 
 
-def test_retry_after_beyond_a_minute_is_ignored() -> None:
-    assert parse_retry_after({"Retry-After": str(RETRY_AFTER_MAX_S + 1)}, now=NOW) is None
-    assert parse_retry_after({"Retry-After": str(RETRY_AFTER_MAX_S)}, now=NOW) == RETRY_AFTER_MAX_S
+def test_long_retry_after_is_kept_and_the_deadline_refuses_the_retry() -> None:
+    assert parse_retry_after({"Retry-After": "61"}, now=NOW) == 61.0
     later = email.utils.formatdate(NOW + 3600, usegmt=True)
-    assert parse_retry_after({"Retry-After": later}, now=NOW) is None
+    assert parse_retry_after({"Retry-After": later}, now=NOW) == pytest.approx(3600.0)
+    # A server asking for an hour is not hammered after the backoff: no retry at all.
+    headers = {"Retry-After": later}
+    assert retry_wait(0, headers=headers, remaining=30.0, random=fixed(0.0), now=NOW) is None
 
 
 def test_no_hint_means_none() -> None:

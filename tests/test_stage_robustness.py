@@ -1,0 +1,137 @@
+"""The stage under odd but legal input: telemetry never turns a good rerank into an error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from retrieval_stage import Candidate, NullReranker, RerankStage
+from retrieval_stage.spans import TRUNCATION_MARKER
+
+T = TypeVar("T")
+
+
+def provider_with(limit: int | None = None) -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    limits = SpanLimits(max_span_attributes=limit) if limit else None
+    provider = TracerProvider(span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+class Float32Scores:
+    """A reranker returning numpy float32 scores, as many model wrappers do."""
+
+    def rerank(
+        self,
+        query: str,
+        items: Sequence[T],
+        *,
+        text: Callable[[T], str] | None = None,
+        top_k: int | None = None,
+    ) -> list[tuple[T, Any]]:
+        scored = [(item, np.float32(i)) for i, item in enumerate(items)]
+        return sorted(scored, key=lambda p: -float(p[1]))
+
+
+def test_numpy_float32_scores_are_accepted() -> None:
+    cands = [Candidate("a", "x"), Candidate("b", "y")]
+    out = RerankStage(Float32Scores()).run("q", cands)
+    assert [(r.candidate.id, r.score, r.reranked) for r in out] == [
+        ("b", 1.0, True),
+        ("a", 0.0, True),
+    ]
+    assert all(type(r.score) is float for r in out)
+
+
+def test_odd_metadata_becomes_valid_json_on_the_span() -> None:
+    provider, exporter = provider_with()
+    cands = [
+        Candidate("mixed", "x", metadata={1: "a", "b": 2}),  # type: ignore[dict-item]
+        Candidate("tuple", "y", metadata={(1, 2): "x"}),  # type: ignore[dict-item]
+        Candidate("nan", "z", metadata={"v": float("nan"), "o": object()}),
+    ]
+    out = RerankStage(NullReranker(), tracer_provider=provider).run("q", cands)
+    assert [r.candidate for r in out] == cands
+    (span,) = exporter.get_finished_spans()
+    for i in range(3):
+        raw = span.attributes[f"reranker.input_documents.{i}.document.metadata"]
+        assert isinstance(json.loads(raw), dict)  # valid JSON, NaN included
+    assert json.loads(span.attributes["reranker.input_documents.0.document.metadata"]) == {
+        "1": "a",
+        "b": 2,
+    }
+
+
+def test_lone_surrogate_in_a_document_is_replaced_on_the_span() -> None:
+    provider, exporter = provider_with()
+    long_text = "x" * 600 + "\ud800" + "y" * 600
+    cands = [Candidate("s", long_text), Candidate("t", "short \udfff")]
+    out = RerankStage(NullReranker(), tracer_provider=provider).run("q", cands)
+    assert len(out) == 2
+    (span,) = exporter.get_finished_spans()
+    for i in range(2):
+        content = span.attributes[f"reranker.input_documents.{i}.document.content"]
+        content.encode("utf-8")  # exportable
+        assert "?" in content
+
+
+def test_metadata_id_and_query_are_capped_too() -> None:
+    provider, exporter = provider_with()
+    big = "é" * 3000
+    stage = RerankStage(NullReranker(), tracer_provider=provider, max_content_length=100)
+    stage.run(big, [Candidate(big, "t", metadata={"note": big})])
+    (span,) = exporter.get_finished_spans()
+    for key in (
+        "reranker.query",
+        "reranker.input_documents.0.document.id",
+        "reranker.input_documents.0.document.metadata",
+    ):
+        value = span.attributes[key]
+        assert len(value.encode("utf-8")) <= 100 + 40, key
+    assert span.attributes["reranker.query"].endswith(TRUNCATION_MARKER)
+    assert json.loads(span.attributes["reranker.input_documents.0.document.metadata"])
+
+
+def test_identity_survives_a_tiny_attribute_limit() -> None:
+    for limit in (8, 12):
+        provider, exporter = provider_with(limit)
+        cands = [Candidate(f"d{i}", f"text {i}", 1.0 - i / 10) for i in range(5)]
+        RerankStage(NullReranker(), tracer_provider=provider, model_name="m", top_k=3).run(
+            "tiny", cands
+        )
+        (span,) = exporter.get_finished_spans()
+        assert span.attributes["openinference.span.kind"] == "RERANKER", limit
+        assert span.attributes["reranker.query"] == "tiny", limit
+        assert span.attributes["reranker.model_name"] == "m", limit
+        assert span.attributes["reranker.top_k"] == 3, limit
+        assert span.dropped_attributes == 0, limit
+
+
+def test_candidates_are_hashable() -> None:
+    a = Candidate("a", "x", 0.5, {"k": 1})
+    assert len({a, Candidate("a", "x", 0.5, {"k": 1})}) == 1
+    assert a != Candidate("a", "x", 0.5, {"k": 2})
+
+
+def test_library_prints_nothing_when_logging_is_not_configured() -> None:
+    script = (
+        "from retrieval_stage import Candidate, RerankClient, RerankStage\n"
+        "c = RerankClient('http://127.0.0.1:9', timeout=1.0, max_retries=1, random=lambda: 0.0)\n"
+        "out = RerankStage(c).run('q', [Candidate('a', 'x')])\n"
+        "assert not out[0].reranked\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert "rerank.fallback" not in done.stderr
