@@ -109,7 +109,7 @@ def check_sendable(query: str, texts: Sequence[str]) -> None:
             raise ValueError(f"{what} is not valid Unicode ({where})") from None
 
 
-def _masked(url: object) -> object:
+def masked_url(url: object) -> object:
     """`url` with any ``user:password@`` part replaced, for reprs and messages."""
     if not isinstance(url, str) or "@" not in url:
         return url
@@ -206,13 +206,13 @@ class _ClientBase(Generic[H]):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be an http(s) URL, got {_masked(base_url)!r}")
+            raise ValueError(f"base_url must be an http(s) URL, got {masked_url(base_url)!r}")
         try:
             if not httpx.URL(base_url).host:
                 raise ValueError("no host")
         except (httpx.InvalidURL, ValueError) as exc:
             raise ValueError(
-                f"base_url is not a valid URL ({exc}): {_masked(base_url)!r}"
+                f"base_url is not a valid URL ({exc}): {masked_url(base_url)!r}"
             ) from None
         if http_client is not None and not isinstance(http_client, self._http_type()):
             raise TypeError(
@@ -293,7 +293,7 @@ class _ClientBase(Generic[H]):
     def __repr__(self) -> str:
         key = "<set>" if self._api_key else None
         return (
-            f"{type(self).__name__}(base_url={_masked(self.base_url)!r}, "
+            f"{type(self).__name__}(base_url={masked_url(self.base_url)!r}, "
             f"provider={self.provider!r}, "
             f"model={self.model!r}, api_key={key}, timeout={self.timeout})"
         )

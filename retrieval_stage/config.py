@@ -33,7 +33,7 @@ from typing import Any, Literal, TypeAlias
 from urllib.parse import urlsplit
 
 from ._log import get_logger
-from .client import AsyncRerankClient, RerankClient
+from .client import AsyncRerankClient, RerankClient, masked_url
 from .null import AsyncNullReranker, NullReranker
 from .providers import PROVIDERS
 
@@ -216,7 +216,7 @@ class RerankSettings:
     def __repr__(self) -> str:
         key = None if self.api_key is None else "'<set>'"
         return (
-            f"RerankSettings(endpoint={self.endpoint!r}, provider={self.provider!r}, "
+            f"RerankSettings(endpoint={masked_url(self.endpoint)!r}, provider={self.provider!r}, "
             f"model={self.model!r}, api_key={key}, api_key_header={self.api_key_header!r}, "
             f"timeout={self.timeout!r}, batch_size={self.batch_size!r})"
         )

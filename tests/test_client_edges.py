@@ -151,3 +151,11 @@ def test_stage_keeps_the_key_out_of_span_and_logs_on_escaped_echo(wm: WireMock) 
     assert KEY not in (span.status.description or "")
     for event in span.events:
         assert all(KEY not in str(v) for v in (event.attributes or {}).values())
+
+
+def test_settings_repr_masks_url_credentials() -> None:
+    from retrieval_stage.config import RerankSettings
+
+    settings = RerankSettings(endpoint="https://user:s3cret@rerank.example")
+    assert "s3cret" not in repr(settings)
+    assert "***@rerank.example" in repr(settings)
