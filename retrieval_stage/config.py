@@ -12,7 +12,8 @@ Variables (all optional):
 
 ``RERANK_ENDPOINT``        base URL of the rerank service; empty: reranking off
 ``RERANK_PROVIDER``        wire format: tei (default), cohere, jina, voyage, vllm, infinity,
-                           mixedbread, sidecar
+                           mixedbread, sidecar; or ``local``: a cross-encoder in process
+                           (the [local] extra), which needs no endpoint
 ``RERANK_MODEL``           model name sent to APIs that take one and recorded on spans
 ``RERANK_API_KEY``         credential, sent in ``RERANK_API_KEY_HEADER``
 ``RERANK_API_KEY_HEADER``  header for the key (default ``apikey``; ``Authorization`` sends
@@ -29,7 +30,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
 from urllib.parse import urlsplit
 
 from ._log import get_logger
@@ -47,6 +48,10 @@ __all__ = [
 log = get_logger("retrieval_stage.config")
 
 BatchSize: TypeAlias = int | Literal["auto"] | None
+_L = TypeVar("_L")
+
+if TYPE_CHECKING:
+    from .local import AsyncCrossEncoderReranker, CrossEncoderReranker
 
 ENDPOINT = "RERANK_ENDPOINT"
 PROVIDER = "RERANK_PROVIDER"
@@ -55,6 +60,9 @@ API_KEY = "RERANK_API_KEY"
 API_KEY_HEADER = "RERANK_API_KEY_HEADER"
 TIMEOUT = "RERANK_TIMEOUT"
 BATCH_SIZE = "RERANK_BATCH_SIZE"
+
+LOCAL = "local"
+"""The provider that runs a cross-encoder in process (the [local] extra); takes no endpoint."""
 
 ENV_KEYS = (ENDPOINT, PROVIDER, MODEL, API_KEY, API_KEY_HEADER, TIMEOUT, BATCH_SIZE)
 """Every environment variable `RerankSettings.from_env` reads."""
@@ -105,8 +113,9 @@ def _provider(value: Any) -> str:
     if not isinstance(value, str):
         raise _Invalid(f"must be a str, got {type(value).__name__}")
     name = value.strip().lower() or "tei"
-    if name not in PROVIDERS:
-        raise _Invalid(f"unknown provider; known: {', '.join(sorted(PROVIDERS))}")
+    if name not in PROVIDERS and name != LOCAL:
+        known = ", ".join(sorted([*PROVIDERS, LOCAL]))
+        raise _Invalid(f"unknown provider; known: {known}")
     return name
 
 
@@ -212,6 +221,11 @@ class RerankSettings:
             except _Invalid as exc:
                 raise ValueError(f"RerankSettings.{name} {exc}") from None
             object.__setattr__(self, name, value)
+        if self.provider == LOCAL and self.endpoint:
+            raise ValueError(
+                "RerankSettings.endpoint must be empty with provider 'local' "
+                "(the model runs in process)"
+            )
 
     def __repr__(self) -> str:
         key = None if self.api_key is None else "'<set>'"
@@ -223,8 +237,8 @@ class RerankSettings:
 
     @property
     def enabled(self) -> bool:
-        """Whether an endpoint is configured, i.e. whether the factories build a client."""
-        return bool(self.endpoint)
+        """Whether reranking is on: an endpoint is configured, or the in-process provider."""
+        return bool(self.endpoint) or self.provider == LOCAL
 
     def client_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `RerankClient` / `AsyncRerankClient` besides the base URL."""
@@ -248,7 +262,8 @@ class RerankSettings:
         ``rerank.config_invalid`` warning whose ``key`` names it (``invalid_keys`` lists all
         when several are bad); with ``strict=True`` it raises `ValueError` naming it instead.
         """
-        if not environ.get(ENDPOINT, "").strip():
+        local = environ.get(PROVIDER, "").strip().lower() == LOCAL
+        if not environ.get(ENDPOINT, "").strip() and not local:
             return cls()
         values: dict[str, Any] = {}
         problems: list[tuple[str, str]] = []
@@ -258,6 +273,8 @@ class RerankSettings:
                 values[_FIELD_OF[key]] = check(raw)
             except _Invalid as exc:
                 problems.append((key, str(exc)))
+        if local and values.get("endpoint"):
+            problems.append((ENDPOINT, "must be empty with RERANK_PROVIDER=local"))
         if not problems:
             return cls(**values)
         key, reason = problems[0]
@@ -276,8 +293,12 @@ class RerankSettings:
 
 def make_reranker(
     settings: RerankSettings | None = None, *, strict: bool = False
-) -> RerankClient | NullReranker:
+) -> RerankClient | NullReranker | CrossEncoderReranker:
     """A `RerankClient` for `settings` (default: `RerankSettings.from_env`), else `NullReranker`.
+
+    ``RERANK_PROVIDER=local`` (no endpoint) gives the in-process `CrossEncoderReranker` with
+    ``RERANK_MODEL`` (default ``cross-encoder/ms-marco-MiniLM-L-6-v2``); without the [local]
+    extra that fails open to `NullReranker` like any unreadable configuration.
 
     `strict` applies when reading the environment: see `RerankSettings.from_env`. Close the
     result when done (``with make_reranker() as reranker: ...`` works for both kinds).
@@ -286,12 +307,16 @@ def make_reranker(
         settings = RerankSettings.from_env(strict=strict)
     if not settings.enabled:
         return NullReranker()
+    if settings.provider == LOCAL:
+        from .local import CrossEncoderReranker
+
+        return _local(CrossEncoderReranker, settings, strict) or NullReranker()
     return RerankClient(settings.endpoint, **settings.client_kwargs())
 
 
 def make_async_reranker(
     settings: RerankSettings | None = None, *, strict: bool = False
-) -> AsyncRerankClient | AsyncNullReranker:
+) -> AsyncRerankClient | AsyncNullReranker | AsyncCrossEncoderReranker:
     """The awaitable twin of `make_reranker`: `AsyncRerankClient`, else `AsyncNullReranker`.
 
     The null choice is awaitable too, so ``await reranker.rerank(...)`` works whichever is
@@ -301,4 +326,28 @@ def make_async_reranker(
         settings = RerankSettings.from_env(strict=strict)
     if not settings.enabled:
         return AsyncNullReranker()
+    if settings.provider == LOCAL:
+        from .local import AsyncCrossEncoderReranker
+
+        return _local(AsyncCrossEncoderReranker, settings, strict) or AsyncNullReranker()
     return AsyncRerankClient(settings.endpoint, **settings.client_kwargs())
+
+
+def _local(factory: Callable[..., _L], settings: RerankSettings, strict: bool) -> _L | None:
+    """The in-process cross-encoder (loaded lazily), or None when its extra is missing."""
+    from .local import DEFAULT_LOCAL_MODEL, INSTALL_HINT
+
+    try:
+        return factory(settings.model or DEFAULT_LOCAL_MODEL)
+    except ImportError:
+        reason = f"needs sentence-transformers: {INSTALL_HINT}"
+        if strict:
+            raise ValueError(f"{PROVIDER}=local {reason}") from None
+        log.warning(
+            "rerank.config_invalid",
+            key=PROVIDER,
+            value=LOCAL,
+            reason=reason,
+            fallback="NullReranker",
+        )
+        return None

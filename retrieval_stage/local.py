@@ -11,6 +11,7 @@ bag-of-words heuristic: its `provider` is ``"lexical"``, which the stage writes 
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import itertools
@@ -151,6 +152,38 @@ class CrossEncoderReranker:
             if not math.isfinite(score):
                 raise RerankProtocolError(f"cross-encoder score {score!r} for item {i}")
         return [(kept[i], s) for i, s in rank(list(enumerate(scores)), cap)]
+
+
+class AsyncCrossEncoderReranker:
+    """The awaitable twin of `CrossEncoderReranker`: scores in a worker thread.
+
+    The model is CPU- (or GPU-) bound Python code; running it in a thread keeps the event loop
+    serving other requests while it scores.
+    """
+
+    provider = "local"
+
+    def __init__(self, model: str | os.PathLike[str] = DEFAULT_LOCAL_MODEL, **kw: Any) -> None:
+        self.sync = CrossEncoderReranker(model, **kw)
+
+    @property
+    def model_name(self) -> str:
+        """The wrapped reranker's model name."""
+        return self.sync.model_name
+
+    def __repr__(self) -> str:
+        return f"Async{self.sync!r}"
+
+    async def rerank(
+        self,
+        query: str,
+        items: Sequence[T],
+        *,
+        text: Callable[[T], str] | None = None,
+        top_k: int | None = None,
+    ) -> list[tuple[T, float]]:
+        """`CrossEncoderReranker.rerank` in a worker thread."""
+        return await asyncio.to_thread(self.sync.rerank, query, items, text=text, top_k=top_k)
 
 
 _WORD = re.compile(r"[a-z0-9]+")

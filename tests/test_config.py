@@ -284,3 +284,64 @@ def test_settings_built_in_code_refuse_unusable_values(
 ) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         RerankSettings(**kwargs)
+
+
+# -- the in-process provider ---------------------------------------------------------------
+
+
+def test_local_provider_needs_no_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    import retrieval_stage.local as local
+
+    monkeypatch.setattr(local, "local_available", lambda: True)
+    env = {"RERANK_PROVIDER": "local", "RERANK_MODEL": "/models/my-cross-encoder"}
+    settings = RerankSettings.from_env(env)
+    assert settings.enabled
+    assert (settings.provider, settings.model, settings.endpoint) == (
+        "local",
+        "/models/my-cross-encoder",
+        "",
+    )
+    reranker = make_reranker(settings)
+    assert isinstance(reranker, local.CrossEncoderReranker)
+    assert reranker.model == "/models/my-cross-encoder"
+    assert reranker._encoder is None, "the model loads on first use, not at selection"
+    areranker = make_async_reranker(settings)
+    assert isinstance(areranker, local.AsyncCrossEncoderReranker)
+    assert areranker.sync.model == "/models/my-cross-encoder"
+
+
+def test_local_provider_defaults_to_the_ms_marco_cross_encoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import retrieval_stage.local as local
+
+    monkeypatch.setattr(local, "local_available", lambda: True)
+    reranker = make_reranker(RerankSettings.from_env({"RERANK_PROVIDER": "LOCAL"}))
+    assert isinstance(reranker, local.CrossEncoderReranker)
+    assert reranker.model == local.DEFAULT_LOCAL_MODEL
+
+
+def test_local_provider_without_the_extra_fails_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    import retrieval_stage.local as local
+
+    monkeypatch.setattr(local, "local_available", lambda: False)
+    settings = RerankSettings.from_env({"RERANK_PROVIDER": "local"})
+    with capture_logs() as logs:
+        assert isinstance(make_reranker(settings), NullReranker)
+        assert isinstance(make_async_reranker(settings), AsyncNullReranker)
+    assert [e["event"] for e in logs] == ["rerank.config_invalid"] * 2
+    assert logs[0]["key"] == "RERANK_PROVIDER"
+    assert "[local]" in logs[0]["reason"]
+    with pytest.raises(ValueError, match="RERANK_PROVIDER=local needs sentence-transformers"):
+        make_reranker(settings, strict=True)
+
+
+def test_local_provider_with_an_endpoint_is_unreadable() -> None:
+    env = {"RERANK_PROVIDER": "local", "RERANK_ENDPOINT": "http://localhost:8080"}
+    with capture_logs() as logs:
+        assert not RerankSettings.from_env(env).enabled
+    assert logs[0]["key"] == "RERANK_ENDPOINT"
+    with pytest.raises(ValueError, match="RERANK_ENDPOINT must be empty"):
+        RerankSettings.from_env(env, strict=True)
+    with pytest.raises(ValueError, match="endpoint must be empty"):
+        RerankSettings(endpoint="http://localhost:8080", provider="local")

@@ -185,3 +185,15 @@ def test_command_runs_the_local_cross_encoder_from_a_model_directory(
     attributes = {a["key"]: a["value"] for a in rerank["attributes"]}
     assert attributes["retrieval_stage.provider"] == {"stringValue": "local"}
     assert attributes["reranker.model_name"] == {"stringValue": "tiny-cross-encoder"}
+
+
+async def test_async_twin_scores_in_a_thread_and_maps_the_same(tiny_model: Path) -> None:
+    from retrieval_stage.local import AsyncCrossEncoderReranker
+
+    expected = reference_scores(tiny_model, QUERY, TEXTS)
+    reranker = AsyncCrossEncoderReranker(tiny_model, local_files_only=True)
+    result = await reranker.rerank(QUERY, TEXTS, top_k=2)
+    best_two = sorted(range(len(TEXTS)), key=lambda i: -expected[i])[:2]
+    assert [t for t, _ in result] == [TEXTS[i] for i in best_two]
+    assert reranker.provider == "local"
+    assert reranker.model_name == tiny_model.name
