@@ -28,6 +28,7 @@ from .models import Candidate, Reranked
 
 __all__ = [
     "ATTR_BATCHES",
+    "ATTR_CANCELLED",
     "ATTR_DOCUMENTS",
     "ATTR_FALLBACK",
     "ATTR_INPUT_OMITTED",
@@ -51,6 +52,7 @@ __all__ = [
 ATTR_PROVIDER = "retrieval_stage.provider"
 ATTR_DOCUMENTS = "retrieval_stage.documents"
 ATTR_FALLBACK = "retrieval_stage.fallback"
+ATTR_CANCELLED = "retrieval_stage.cancelled"
 ATTR_TOP1_CHANGED = "retrieval_stage.top1_changed"
 ATTR_REQUESTS = "retrieval_stage.requests"
 ATTR_RETRIES = "retrieval_stage.retries"

@@ -29,6 +29,7 @@ from .metrics import RerankMetrics
 from .models import Candidate, Reranked, RerankResponse, Usage
 from .spans import (
     ATTR_BATCHES,
+    ATTR_CANCELLED,
     ATTR_FALLBACK,
     ATTR_REQUESTS,
     ATTR_RETRIES,
@@ -183,6 +184,11 @@ class RerankStage:
                     response = await asyncio.to_thread(self._call, query, cands)
             except RerankError as exc:
                 return self._failed(span, cands, exc, started)
+            except asyncio.CancelledError:
+                # Not an Exception, so the span manager would end the span as if all went well.
+                span.set_status(Status(StatusCode.ERROR, "cancelled"))
+                span.set_attribute(ATTR_CANCELLED, True)
+                raise
             return self._succeeded(span, cands, response, started)
 
     # -- the call ----------------------------------------------------------------------------

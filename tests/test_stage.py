@@ -312,3 +312,22 @@ def test_metadata_is_a_json_string(spans: Spans) -> None:
     RerankStage(NullReranker(), tracer_provider=provider).run("q", two())
     raw = only_span(exporter).attributes["reranker.input_documents.0.document.metadata"]
     assert json.loads(raw) == {"source": "wiki", "page": 3}
+
+
+async def test_cancelled_arun_ends_its_span_as_cancelled(wm: WireMock, spans: Spans) -> None:
+    import asyncio
+
+    provider, exporter = spans
+    wm.stub_json("/tei/hang/rerank", [{"index": 0, "score": 1.0}], fixedDelayMilliseconds=5000)
+    async with AsyncRerankClient(wm.url + "/tei/hang") as client:
+        task = asyncio.ensure_future(
+            RerankStage(client, tracer_provider=provider).arun("q", [Candidate("a", "x")])
+        )
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    span = only_span(exporter)
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.status.description == "cancelled"
+    assert span.attributes["retrieval_stage.cancelled"] is True
