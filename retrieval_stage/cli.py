@@ -198,14 +198,20 @@ class Chosen:
 
 
 def _lexical(reason: str | None = None) -> Chosen:
-    from .local import DEFAULT_LOCAL_MODEL, INSTALL_HINT, LexicalReranker
+    from .local import DEFAULT_LOCAL_MODEL, INSTALL_HINT, LexicalReranker, local_available
 
     why = f"{reason}. " if reason else ""
+    if local_available():  # the extra is there: only the model is missing
+        how = (
+            f"run once with network access to download {DEFAULT_LOCAL_MODEL}, pass "
+            "--model DIR (a model directory)"
+        )
+    else:
+        how = f"{INSTALL_HINT} to run {DEFAULT_LOCAL_MODEL} in process"
     return Chosen(
         LexicalReranker(),
         "lexical (bag-of-words term coverage and proximity; not a model)",
-        hint=f"{why}For a real reranker: {INSTALL_HINT} to run {DEFAULT_LOCAL_MODEL} in "
-        f"process, or {COMPOSE_HINT}.",
+        hint=f"{why}For a real reranker: {how}, or {COMPOSE_HINT}.",
     )
 
 
