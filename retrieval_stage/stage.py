@@ -89,12 +89,15 @@ def map_results(
             raise RerankProtocolError(
                 f"reranker result {n} is not one of the candidates given, or is returned twice"
             )
-        if isinstance(score, bool) or not isinstance(score, numbers.Real):
+        if type(score) is float:  # the common case; the ABC check below is slow
+            value = score
+        elif isinstance(score, bool) or not isinstance(score, numbers.Real):
             raise RerankProtocolError(f"reranker result {n}: score is a {type(score).__name__}")
-        try:
-            value = float(score)
-        except OverflowError:
-            value = math.inf
+        else:
+            try:
+                value = float(score)
+            except OverflowError:
+                value = math.inf
         if not math.isfinite(value):
             raise RerankProtocolError(f"reranker result {n}: score is not a finite number")
         mapped.append((free.pop(0), value))
