@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random as _random
+import re
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -107,6 +109,10 @@ def check_sendable(query: str, texts: Sequence[str]) -> None:
             what = "the query" if i == 0 else f"the text of item {i - 1}"
             where = f"lone surrogate at {exc.start}"
             raise ValueError(f"{what} is not valid Unicode ({where})") from None
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP header field name (RFC 9110 token)."""
 
 
 def masked_url(url: object) -> object:
@@ -219,8 +225,16 @@ class _ClientBase(Generic[H]):
                 f"{type(self).__name__} needs an {self._http_type().__name__} as http_client, "
                 f"got {type(http_client).__name__}"
             )
-        if not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not (0 < timeout < math.inf)
+        ):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        if not isinstance(api_key_header, str) or not _TOKEN.fullmatch(api_key_header):
+            raise ValueError(
+                f"api_key_header must be an HTTP header name (a token), got {api_key_header!r}"
+            )
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if (

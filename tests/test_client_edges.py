@@ -159,3 +159,16 @@ def test_settings_repr_masks_url_credentials() -> None:
     settings = RerankSettings(endpoint="https://user:s3cret@rerank.example")
     assert "s3cret" not in repr(settings)
     assert "***@rerank.example" in repr(settings)
+
+
+def test_non_finite_timeout_is_refused() -> None:
+    for bad in (float("inf"), float("nan"), 0, -1.0):
+        with pytest.raises(ValueError, match="timeout must be a finite number"):
+            RerankClient("http://127.0.0.1:9", timeout=bad)
+
+
+def test_illegal_api_key_header_is_refused_at_construction() -> None:
+    for bad in ("bad header", "", "x:y", "new\nline"):
+        with pytest.raises(ValueError, match="api_key_header must be an HTTP header name"):
+            RerankClient("http://127.0.0.1:9", api_key="k", api_key_header=bad)
+    RerankClient("http://127.0.0.1:9", api_key="k", api_key_header="X-Api-Key").close()
