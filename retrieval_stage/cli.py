@@ -806,7 +806,11 @@ def rerank(
         _note(err, "no candidates on the input: nothing to rerank")
         return
     from .pipeline import compare_ranks
+    from .stage import recall_order
 
+    # Recall order in: rerankers keep tied scores in input order, and ties must mean "no
+    # change" against recall_rank, not a move back to the order of the lines.
+    candidates = [candidates[i] for i in recall_order(candidates)]
     with _session(
         log_level=log_level,
         trace_file=trace_file,

@@ -519,17 +519,22 @@ def evaluate(
 ) -> EvalReport:
     """Rerank each judged query's candidates with `stage` and compare against recall order.
 
-    Recall's ranking is the candidates by their recall score; the reranked one is the stage's
-    output. `progress` is called with each query id once it is reranked. A stage built with
-    ``on_error="raise"`` stops the evaluation at the first reranker failure; with
-    ``"fallback"`` a failed query keeps its recall order (and so counts as no change).
+    Recall's ranking is the candidates by their recall score (`recall_ranking`); the stage is
+    given them in that order, so scores the reranker ties keep recall's order. The reranked
+    ranking is the stage's output. `progress` is called with each query id once it is
+    reranked. A stage built with ``on_error="raise"`` stops the evaluation at the first
+    reranker failure; with ``"fallback"`` a failed query keeps its recall order (and so counts
+    as no change).
     """
     judged = [qid for qid in queries if any(g > 0 for g in qrels.get(qid, {}).values())]
     recall: dict[str, list[str]] = {}
     reranked: dict[str, list[str]] = {}
     for qid in judged:
-        pool = list(candidates.get(qid, ()))
-        recall[qid] = recall_ranking(pool)
+        given = list(candidates.get(qid, ()))
+        # Recall order in: a reranker keeps tied scores in input order, so ties then mean
+        # "no change" rather than a move back to file order.
+        pool = [given[i] for i in recall_order(given)]
+        recall[qid] = [c.id for c in pool]
         reranked[qid] = [r.candidate.id for r in stage.run(queries[qid], pool)]
         if progress is not None:
             progress(qid)

@@ -143,6 +143,24 @@ def test_installed_script_maps_out_of_order_tei_results_by_index(wm: WireMock) -
 # -- rerank ------------------------------------------------------------------------------------
 
 
+def test_rerank_with_every_score_tied_shows_no_movement() -> None:
+    # Input order is not recall order; a reranker that cannot tell the candidates apart must
+    # leave them in recall order, not in input order (which would look like movement).
+    tied = (
+        '{"id": "c", "text": "x", "score": null}\n'
+        '{"id": "a", "text": "y", "score": 1}\n'
+        '{"id": "b", "text": "z", "score": 2}\n'
+    )
+    result = invoke("rerank", "-q", "zzz", "--reranker", "lexical", stdin=tied)
+    assert result.exit_code == 0, result.stderr
+    rows = jsonl(result.stdout)
+    assert [(r["id"], r["rank"], r["recall_rank"]) for r in rows] == [
+        ("b", 1, 1),
+        ("a", 2, 2),
+        ("c", 3, 3),
+    ]
+
+
 def test_rerank_reads_the_endpoint_from_the_environment(wm: WireMock) -> None:
     wm.stub_json("/env/rerank", TEI_OUT_OF_ORDER)
     result = invoke("rerank", "-q", "q", stdin=CANDIDATES, RERANK_ENDPOINT=wm.url + "/env")

@@ -123,6 +123,25 @@ def test_evaluate_reranks_each_judged_query_with_the_stage() -> None:
     assert report.per_query[0].movement == "↑1"
 
 
+def test_a_reranker_that_ties_every_score_moves_nothing_whatever_the_file_order() -> None:
+    queries = {"q1": "anything"}
+    qrels = {"q1": {"best": 1}}
+    # File order is not recall order: the stage must see the pool best first, so that a
+    # reranker's ties (kept in input order) fall back to recall order, not to file order.
+    pools = {
+        "q1": [
+            Candidate("unscored", "x", None),
+            Candidate("second", "y", 1.0),
+            Candidate("best", "z", 2.0),
+        ]
+    }
+    report = evaluate(RerankStage(LexicalReranker()), queries, qrels, pools)  # all score 0
+    (movement,) = report.per_query
+    assert (movement.first_relevant_recall, movement.first_relevant_reranked) == (1, 1)
+    assert movement.movement == "="
+    assert report.metric("MRR@10").delta == 0.0
+
+
 # -- readers ----------------------------------------------------------------------------------
 
 
