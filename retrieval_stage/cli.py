@@ -184,6 +184,34 @@ def _note(console: Console, message: str, style: str = "dim") -> None:
     console.print(Text(message, style=style))
 
 
+def shown_url(url: str) -> str:
+    """`url` as the command prints it: ``user:password@`` masked, query and fragment dropped.
+
+    An endpoint may carry a credential in either place (``?key=...`` for some gateways); what
+    is printed lands in terminals, CI logs and bug reports.
+    """
+    from .client import masked_url
+
+    masked = str(masked_url(url))
+    return masked.split("#", 1)[0].split("?", 1)[0]
+
+
+def _scrubbed(message: str, url: str | None) -> str:
+    """`message` with `url`'s password, query string and fragment replaced by ``***``.
+
+    Error messages can quote the URL (a client's own check, a service echoing the request).
+    """
+    if not url:
+        return message
+    parts = urlsplit(url)
+    secrets = [url, str(parts.password or ""), parts.query, parts.fragment]
+    message = message.replace(url, shown_url(url))
+    for secret in sorted(secrets[1:], key=len, reverse=True):
+        if len(secret) >= 3:  # a one- or two-character "secret" would mangle the message
+            message = message.replace(secret, "***")
+    return message
+
+
 # -- choosing the reranker -------------------------------------------------------------------
 
 
@@ -293,9 +321,11 @@ def choose_reranker(
                 timeout=timeout,
             )
         except (TypeError, ValueError) as exc:
-            _fail(EXIT_USAGE, f"--endpoint: {exc}")
+            _fail(EXIT_USAGE, _scrubbed(str(exc), endpoint))
         shown = f" model {model}" if model else ""
-        return Chosen(client, f"{provider} at {client.base_url}{shown}", close=client.close)
+        return Chosen(
+            client, f"{provider} at {shown_url(client.base_url)}{shown}", close=client.close
+        )
     if choice is RerankerChoice.lexical:
         return _lexical()
     return _local(model, choice)
@@ -380,8 +410,8 @@ def start_tracing(trace_file: Path | None) -> Tracing:
         try:
             provider = configure_tracing()
         except ValueError as exc:
-            _fail(EXIT_USAGE, f"OTLP tracing: {exc}")
-        destinations.append(f"sent to OTLP at {otlp}")
+            _fail(EXIT_USAGE, f"OTLP tracing: {_scrubbed(str(exc), otlp)}")
+        destinations.append(f"sent to OTLP at {shown_url(otlp)}")
     else:
         name = os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
         provider = TracerProvider(
@@ -413,7 +443,10 @@ def _start_metrics() -> Any:
     try:
         return configure_metrics()
     except ValueError as exc:
-        _fail(EXIT_USAGE, f"OTLP metrics: {exc}")
+        otlp = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or os.environ.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+        _fail(EXIT_USAGE, f"OTLP metrics: {_scrubbed(str(exc), otlp)}")
 
 
 def _logging(level: str) -> None:
@@ -627,12 +660,13 @@ def _say_reranker(console: Console, chosen: Chosen) -> None:
 
 def _rerank_failed(chosen: Chosen, exc: RerankError) -> NoReturn:
     base_url = getattr(chosen.reranker, "base_url", None)
-    detail = (
-        [f"is the rerank service at {base_url} up? For a local TEI: {COMPOSE_UP}"]
-        if isinstance(base_url, str)
-        else []
+    if not isinstance(base_url, str):
+        _fail(EXIT_FAILURE, f"rerank failed: {exc}")
+    _fail(
+        EXIT_FAILURE,
+        f"rerank failed: {_scrubbed(str(exc), base_url)}",
+        f"is the rerank service at {shown_url(base_url)} up? For a local TEI: {COMPOSE_UP}",
     )
-    _fail(EXIT_FAILURE, f"rerank failed: {exc}", *detail)
 
 
 # -- commands --------------------------------------------------------------------------------

@@ -183,6 +183,67 @@ def test_api_key_from_the_environment_is_sent_and_never_printed(wm: WireMock) ->
     assert secret not in result.stderr
 
 
+def with_credentials(url: str) -> str:
+    return url.replace("://", "://user:sekrit-pw@", 1)
+
+
+def eval_files(tmp_path: Path) -> list[str]:
+    """--queries, --qrels, --candidates for two queries of three candidates a, b, c each."""
+    queries = tmp_path / "queries.tsv"
+    queries.write_text("q1\tfirst\nq2\tsecond\n", encoding="utf-8")
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 0 c 1\nq2 0 a 1\n", encoding="utf-8")
+    candidates = tmp_path / "candidates.jsonl"
+    candidates.write_text(
+        "".join(
+            json.dumps({"query_id": q, "id": d, "text": f"{q} {d}", "score": s}) + "\n"
+            for q in ("q1", "q2")
+            for d, s in (("a", 3.0), ("b", 2.0), ("c", 1.0))
+        ),
+        encoding="utf-8",
+    )
+    return ["--queries", str(queries), "--qrels", str(qrels), "--candidates", str(candidates)]
+
+
+def test_endpoint_credentials_are_masked_in_what_the_commands_print(
+    wm: WireMock, tmp_path: Path
+) -> None:
+    wm.stub_json("/cred/rerank", TEI_OUT_OF_ORDER)
+    endpoint = with_credentials(wm.url) + "/cred"
+    ok = invoke("rerank", "-q", "q", "--endpoint", endpoint, stdin=CANDIDATES)
+    assert ok.exit_code == 0, ok.stderr
+    assert "sekrit-pw" not in ok.stdout + ok.stderr
+    assert f"tei at {wm.url.replace('://', '://***@', 1)}/cred" in flat(ok.stderr)
+    report = invoke("eval", *eval_files(tmp_path), "--endpoint", endpoint, "--json")
+    assert report.exit_code == 0, report.stderr
+    assert "sekrit-pw" not in report.stdout + report.stderr
+    assert "***@" in json.loads(report.stdout)["reranker"]["label"]
+
+
+def test_a_failed_call_names_the_endpoint_without_credentials_or_query(wm: WireMock) -> None:
+    wm.stub_json("/nowhere", {"error": "unauthorized"}, status=401)
+    endpoint = with_credentials(wm.url) + "/nowhere?key=sekrit-key"
+    result = invoke("rerank", "-q", "q", "--endpoint", endpoint, stdin=CANDIDATES)
+    assert result.exit_code == 1
+    assert "rerank failed" in flat(result.stderr)
+    assert f"service at {wm.url.replace('://', '://***@', 1)}/nowhere up?" in flat(result.stderr)
+    assert "sekrit" not in result.stdout + result.stderr
+    bad = invoke("rerank", "-q", "q", "--endpoint", "ftp://u:sekrit-pw@x/?key=sekrit-key",
+                 stdin=CANDIDATES)  # fmt: skip
+    assert bad.exit_code == 2
+    assert "sekrit" not in bad.stdout + bad.stderr
+
+
+def test_otlp_endpoint_credentials_are_masked_in_the_summary(wm: WireMock) -> None:
+    wm.stub_json("/v1/traces", {})
+    otlp = with_credentials(wm.url) + "?token=sekrit-key"
+    result = invoke("rerank", "-q", "q", "--reranker", "lexical", stdin=CANDIDATES,
+                    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=otlp)  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "sekrit" not in result.stdout + result.stderr
+    assert f"OTLP at {wm.url.replace('://', '://***@', 1)}" in flat(result.stderr)
+
+
 def test_rerank_top_k_and_table_format_show_the_movement(wm: WireMock) -> None:
     wm.stub_json("/t/rerank", TEI_OUT_OF_ORDER)
     result = invoke(
@@ -388,23 +449,9 @@ def test_eval_on_files_against_tei_matches_hand_computed_metrics(
     wm: WireMock, tmp_path: Path
 ) -> None:
     wm.stub_json("/ev/rerank", TEI_OUT_OF_ORDER)  # every query: third, first, second
-    queries = tmp_path / "queries.tsv"
-    queries.write_text("q1\tfirst\nq2\tsecond\n", encoding="utf-8")
-    qrels = tmp_path / "qrels.txt"
-    qrels.write_text("q1 0 c 1\nq2 0 a 1\n", encoding="utf-8")
-    candidates = tmp_path / "candidates.jsonl"
-    candidates.write_text(
-        "".join(
-            json.dumps({"query_id": q, "id": d, "text": f"{q} {d}", "score": s}) + "\n"
-            for q in ("q1", "q2")
-            for d, s in (("a", 3.0), ("b", 2.0), ("c", 1.0))
-        ),
-        encoding="utf-8",
-    )
     result = invoke(
-        "eval", "--queries", str(queries), "--qrels", str(qrels), "--candidates",
-        str(candidates), "--endpoint", wm.url + "/ev", "--json", "--recall-at", "1",
-        "--trace-file", str(tmp_path / "trace.jsonl"),
+        "eval", *eval_files(tmp_path), "--endpoint", wm.url + "/ev", "--json", "--recall-at",
+        "1", "--trace-file", str(tmp_path / "trace.jsonl"),
     )  # fmt: skip
     assert result.exit_code == 0, result.stderr
     report = json.loads(result.stdout)
