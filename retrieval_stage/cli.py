@@ -79,6 +79,12 @@ def _check_provider(value: str) -> str:
     return name
 
 
+def _check_timeout(value: float) -> float:
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"must be a finite number of seconds, got {value}")
+    return value
+
+
 Endpoint = Annotated[
     str | None,
     typer.Option(
@@ -133,6 +139,7 @@ Timeout = Annotated[
         "--timeout",
         envvar="RERANK_TIMEOUT",
         min=0.1,
+        callback=_check_timeout,
         help="Seconds for one rerank call, retries included.",
     ),
 ]
@@ -321,7 +328,7 @@ def choose_reranker(
                 timeout=timeout,
             )
         except (TypeError, ValueError) as exc:
-            _fail(EXIT_USAGE, _scrubbed(str(exc), endpoint))
+            _fail(EXIT_USAGE, _option_error(_scrubbed(str(exc), endpoint)))
         shown = f" model {model}" if model else ""
         return Chosen(
             client, f"{provider} at {shown_url(client.base_url)}{shown}", close=client.close
@@ -329,6 +336,24 @@ def choose_reranker(
     if choice is RerankerChoice.lexical:
         return _lexical()
     return _local(model, choice)
+
+
+_CLIENT_OPTIONS = {
+    "base_url": "--endpoint",
+    "timeout": "--timeout",
+    "api_key_header": "--api-key-header",
+    "api_key": "--api-key",
+    "provider": "--provider",
+    "model": "--model",
+}
+
+
+def _option_error(message: str) -> str:
+    """A client's refusal, prefixed with the option the user set (the client names its
+    parameter: ``timeout must be ...``)."""
+    parameter = message.split(" ", 1)[0]
+    option = _CLIENT_OPTIONS.get(parameter)
+    return f"{option}: {message}" if option else message
 
 
 # -- tracing and logging ---------------------------------------------------------------------
@@ -565,21 +590,48 @@ def _json_type(value: Any) -> str:
 
 
 def _read_lines(source: str) -> list[str]:
-    """The lines of `source` (a path, or ``-`` for stdin); exit 2 when it cannot be read."""
+    """The lines of `source` (a path, or ``-`` for stdin); exit 2 when it cannot be read.
+
+    Read as bytes and decoded strictly: Python's stdin would turn bytes that are not UTF-8
+    into lone surrogates, which fail much later (or go to the reranker as garbage). Lines end
+    at ``\n`` only, as JSON lines do: a U+2028 inside a JSON string does not split its line.
+    """
+    name = "stdin" if source == "-" else source
     try:
         if source == "-":
             if sys.stdin.isatty():
                 _note(_err(), "reading candidates from stdin (JSON lines; end with Ctrl-D)")
-            return sys.stdin.read().splitlines()
-        return Path(source).read_text(encoding="utf-8").splitlines()
+            data = _stdin_bytes()
+        else:
+            data = Path(source).read_bytes()
     except FileNotFoundError:
-        _fail(EXIT_USAGE, f"--input {source}: no such file")
+        _fail(EXIT_USAGE, f"--input {name}: no such file")
     except IsADirectoryError:
-        _fail(EXIT_USAGE, f"--input {source}: is a directory")
-    except UnicodeDecodeError as exc:
-        _fail(EXIT_USAGE, f"--input {source}: not UTF-8 text ({exc.reason})")
+        _fail(EXIT_USAGE, f"--input {name}: is a directory")
     except OSError as exc:
-        _fail(EXIT_USAGE, f"--input {source}: {exc.strerror or exc}")
+        _fail(EXIT_USAGE, f"--input {name}: {exc.strerror or exc}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        _fail(EXIT_USAGE, f"--input {name}: line {line} is not UTF-8 text ({exc.reason})")
+    return text.removeprefix("\ufeff").split("\n")
+
+
+def _stdin_bytes() -> bytes:
+    buffer = getattr(sys.stdin, "buffer", None)
+    if buffer is not None:
+        data: bytes = buffer.read()
+        return data
+    return str(sys.stdin.read()).encode("utf-8", errors="surrogateescape")
+
+
+def _check_text(value: str, what: str) -> None:
+    """Exit 2 when `value` cannot be encoded as UTF-8: an argument in another encoding."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        _fail(EXIT_USAGE, f"{what} is not UTF-8 text (is the terminal's locale UTF-8?)")
 
 
 def _read_candidates(source: str, what: str) -> list[Candidate]:
@@ -720,6 +772,7 @@ def demo(
     """
     if not query.strip():
         _fail(EXIT_USAGE, "the query must not be empty")
+    _check_text(query, "the query")
     from .corpus import load_corpus
     from .pipeline import Pipeline
     from .recall import BM25Recall
@@ -748,6 +801,8 @@ def demo(
             result = pipeline.run(query)
         except RerankError as exc:
             _rerank_failed(chosen, exc)
+        except (TypeError, ValueError) as exc:  # the reranker refused its arguments
+            _fail(EXIT_USAGE, f"cannot rerank this input: {exc}")
         out.print(Text("query: ", style="bold") + Text(query))
         out.print(
             Text("recall: ", style="bold")
@@ -834,6 +889,7 @@ def rerank(
     """
     if not query.strip():
         _fail(EXIT_USAGE, "--query must not be empty")
+    _check_text(query, "--query")
     candidates = _read_candidates(input_, "--input")
     err = _err()
     if not candidates:
@@ -861,6 +917,8 @@ def rerank(
             outputs = stage.run(query, candidates)
         except RerankError as exc:
             _rerank_failed(chosen, exc)
+        except (TypeError, ValueError) as exc:  # the reranker refused its arguments
+            _fail(EXIT_USAGE, f"cannot rerank this input: {exc}")
         changes = compare_ranks(candidates, outputs)
         if output_format is OutputFormat.table:
             out = _out()
@@ -1033,6 +1091,9 @@ def eval_(
             except RerankError as exc:
                 progress.stop()
                 _rerank_failed(chosen, exc)
+            except (TypeError, ValueError) as exc:  # the reranker refused its arguments
+                progress.stop()
+                _fail(EXIT_USAGE, f"cannot rerank this input: {exc}")
         if as_json:
             body = report.to_dict()
             body["reranker"] = {

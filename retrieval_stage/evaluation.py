@@ -61,17 +61,23 @@ class EvalInputError(ValueError):
 
 
 def _lines(path: str | Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, stripped line) for each line that is not blank or a # comment."""
+    """(1-based line number, stripped line) for each line that is not blank or a # comment.
+
+    Lines end at ``\n`` (so a U+2028 inside a JSON string stays in its line) and each is
+    decoded strictly, so text that is not UTF-8 is reported with its line number.
+    """
     try:
-        with Path(path).open(encoding="utf-8") as handle:
+        with Path(path).open("rb") as handle:
             for number, raw in enumerate(handle, start=1):
-                line = raw.strip()
+                try:
+                    decoded = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+                except UnicodeDecodeError as exc:
+                    raise EvalInputError(path, number, f"not UTF-8 text ({exc.reason})") from None
+                line = decoded.strip()
                 if line and not line.startswith("#"):
                     yield number, line
     except FileNotFoundError:
         raise EvalInputError(path, None, "no such file") from None
-    except UnicodeDecodeError as exc:
-        raise EvalInputError(path, None, f"not UTF-8 text ({exc.reason})") from None
     except OSError as exc:
         raise EvalInputError(path, None, exc.strerror or str(exc)) from None
 

@@ -67,7 +67,7 @@ def run_script(*args: str, stdin: str = "", **env: str) -> subprocess.CompletedP
     )
 
 
-def invoke(*args: str, stdin: str = "", **env: str) -> Result:
+def invoke(*args: str, stdin: str | bytes = "", **env: str) -> Result:
     runner = CliRunner()
     unset: dict[str, str | None] = {
         k: None for k in os.environ if k.startswith(("OTEL_", "RERANK_"))
@@ -284,6 +284,65 @@ def test_rerank_input_file_errors_are_usage_errors(tmp_path: Path) -> None:
     assert wrong.stdout == ""
     assert f"--input {bad}: 1 bad line" in flat(wrong.stderr)
     assert 'line 2: "id" must be a string or an integer, got a boolean' in flat(wrong.stderr)
+
+
+def test_input_that_is_not_utf8_is_a_usage_error_naming_the_line(tmp_path: Path) -> None:
+    bad = CANDIDATES.encode() + b'{"id": "d", "text": "caf\xe9"}\n'
+    piped = invoke("rerank", "-q", "q", "--reranker", "lexical", stdin=bad)
+    assert piped.exit_code == 2
+    assert piped.stdout == ""
+    assert "--input stdin: line 4 is not UTF-8 text" in flat(piped.stderr)
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(bad)
+    from_file = invoke("rerank", "-q", "q", "--reranker", "lexical", "--input", str(path))
+    assert from_file.exit_code == 2
+    assert f"--input {path}: line 4 is not UTF-8 text" in flat(from_file.stderr)
+
+
+def test_installed_script_refuses_a_query_that_is_not_utf8() -> None:
+    query = os.fsdecode(b"caf\xe9")  # what Python makes of a Latin-1 argument
+    done = run_script("rerank", "-q", query, "--reranker", "lexical", stdin=CANDIDATES)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "--query is not UTF-8 text" in flat(done.stderr)
+    assert "Traceback" not in done.stderr
+
+
+def test_a_line_separator_inside_a_json_string_does_not_split_the_line() -> None:
+    line = json.dumps({"id": "a", "text": "one\u2028two\x85three"}, ensure_ascii=False)
+    result = invoke("rerank", "-q", "two", "--reranker", "lexical", stdin=line + "\n")
+    assert result.exit_code == 0, result.stderr
+    assert [row["id"] for row in jsonl(result.stdout)] == ["a"]
+
+
+def test_text_the_service_cannot_be_sent_is_a_usage_error_not_a_traceback(wm: WireMock) -> None:
+    wm.stub_json("/s/rerank", TEI_OUT_OF_ORDER)
+    lone = '{"id": "a", "text": "caf\\udce9"}\n'  # a JSON escape of a lone surrogate
+    result = invoke("rerank", "-q", "q", "--endpoint", wm.url + "/s", stdin=lone)
+    assert result.exit_code == 2
+    assert "not valid Unicode" in flat(result.stderr)
+    assert "Traceback" not in result.stderr
+    assert wm.requests("/s/rerank") == []
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--timeout", "inf"], {}, "--timeout"),
+        ([], {"RERANK_TIMEOUT": "nan"}, "--timeout"),
+        (["--api-key-header", "bad header"], {}, "--api-key-header"),
+    ],
+)
+def test_client_settings_it_refuses_are_usage_errors(
+    wm: WireMock, args: list[str], env: dict[str, str], named: str
+) -> None:
+    wm.stub_json("/c/rerank", TEI_OUT_OF_ORDER)
+    result = invoke("rerank", "-q", "q", "--endpoint", wm.url + "/c", *args, stdin=CANDIDATES,
+                    **env)  # fmt: skip
+    assert result.exit_code == 2
+    assert named in flat(result.stderr)
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert wm.requests("/c/rerank") == []
 
 
 def test_rerank_with_duplicate_ids_names_both_lines() -> None:

@@ -215,6 +215,13 @@ def test_readers_name_the_file_and_line_of_a_bad_line(
     assert message in str(raised.value)
 
 
+def test_text_that_is_not_utf8_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "queries.tsv"
+    path.write_bytes(b"q1\tfine\nq2\tcaf\xe9\n")
+    with pytest.raises(EvalInputError, match=r"queries\.tsv, line 2: not UTF-8 text"):
+        read_queries(path)
+
+
 def test_missing_file_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(EvalInputError, match="no such file"):
         read_qrels(tmp_path / "absent")
