@@ -48,6 +48,7 @@ COMPOSE_HINT = (
     f"start TEI from the compose stack ({COMPOSE_UP}) and pass --endpoint http://localhost:8080"
 )
 
+# Help texts and docstrings are Rich markup: a literal "[local]" must be written "\\[local]".
 app = typer.Typer(
     name="retrieval-stage",
     help="Run recall→rerank, see what the reranker moved, and measure the lift.",
@@ -147,7 +148,7 @@ RerankerOpt = Annotated[
     RerankerChoice,
     typer.Option(
         "--reranker",
-        help="Without --endpoint: 'local' runs the cross-encoder (needs the [local] extra), "
+        help="Without --endpoint: 'local' runs the cross-encoder (needs the \\[local] extra), "
         "'lexical' a bag-of-words fallback, 'auto' the cross-encoder when it can load, "
         "else lexical.",
     ),
@@ -293,7 +294,7 @@ def _local(model: str | None, choice: RerankerChoice) -> Chosen:
         return _lexical(reason)
     reranker = CrossEncoderReranker(name, local_files_only=on_disk)
     try:
-        with _err().status(f"loading {name}…"):
+        with _err().status(Text(f"loading {name}…")):
             reranker.load()
     except RerankError as exc:
         if strict:
@@ -692,12 +693,12 @@ def _changes_table(
     table.add_column("snippet", no_wrap=True, overflow="ellipsis", width=snippet_width)
     for rank, recall_rank, movement, score, recall_score, ident, change in rows:
         style = "green" if change.is_new or change.moved > 0 else "red" if change.moved < 0 else ""
-        table.add_row(
-            rank,
-            recall_rank,
+        table.add_row(  # Text, not str: a str cell is parsed as Rich markup
+            Text(rank),
+            Text(recall_rank),
             Text(movement, style=style),
-            score,
-            recall_score,
+            Text(score),
+            Text(recall_score),
             Text(ident),
             Text(_snippet(change.candidate.text, snippet_width)),
         )
@@ -767,7 +768,7 @@ def demo(
     """Recall from the bundled corpus of Python docstrings, rerank, and show what moved.
 
     Runs with no server and no network: BM25 recall over ~1,500 standard-library docstrings,
-    then the local cross-encoder (with the [local] extra) or the lexical fallback, or the
+    then the local cross-encoder (with the \\[local] extra) or the lexical fallback, or the
     service at --endpoint.
     """
     if not query.strip():
@@ -1063,7 +1064,7 @@ def eval_(
             TextColumn("reranking"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),  # a query id, not markup
             console=_err(),
             transient=True,
         )
@@ -1128,12 +1129,12 @@ def _metrics_table(report: Any) -> Table:
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for m in report.metrics:
         style = "green" if m.delta > 0 else "red" if m.delta < 0 else ""
-        table.add_row(
-            m.name,
-            f"{m.recall:.3f}",
-            f"{m.reranked:.3f}",
+        table.add_row(  # Text, not str: a str cell is parsed as Rich markup
+            Text(m.name),
+            Text(f"{m.recall:.3f}"),
+            Text(f"{m.reranked:.3f}"),
             Text(f"{m.delta:+.3f}", style=style),
-            f"{m.p_value:.3f}",
+            Text(f"{m.p_value:.3f}"),
         )
     return table
 
@@ -1146,6 +1147,8 @@ def _movement_table(report: Any, width: int) -> Table:
         after = "—" if q.first_relevant_reranked is None else str(q.first_relevant_reranked)
         rr = f"{q.recall['MRR@10']:.2f} → {q.reranked['MRR@10']:.2f}"
         rows.append((q.query_id, f"{before} → {after}", q.movement, rr, q.query))
+    # Every cell is a Text: a plain str would be parsed as Rich markup, and an id like "[/x]"
+    # raises mid-table.
     headers = ("query", "first relevant", "move", "RR@10")
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     text_width = max(12, width - sum(widths) - 3 * len(headers))
@@ -1163,7 +1166,11 @@ def _movement_table(report: Any, width: int) -> Table:
         bad = move.startswith("↓") or move == "lost"
         style = "green" if good else "red" if bad else ""
         table.add_row(
-            query_id, ranks, Text(move, style=style), rr, Text(_snippet(text, text_width))
+            Text(query_id),
+            Text(ranks),
+            Text(move, style=style),
+            Text(rr),
+            Text(_snippet(text, text_width)),
         )
     return table
 

@@ -548,6 +548,25 @@ def test_eval_table_output_names_the_reranker_and_the_test() -> None:
         assert name in out
 
 
+def test_eval_tables_print_ids_and_texts_that_look_like_markup_as_they_are(tmp_path: Path) -> None:
+    queries = tmp_path / "queries.tsv"
+    queries.write_text("[/x]\t[bold]rust[/bold] compiler\n", encoding="utf-8")
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("[/x] 0 [red] 1\n", encoding="utf-8")
+    candidates = tmp_path / "candidates.jsonl"
+    candidates.write_text(
+        json.dumps({"query_id": "[/x]", "id": "[red]", "text": "the rust compiler"}) + "\n",
+        encoding="utf-8",
+    )
+    result = invoke(
+        "eval", "--queries", str(queries), "--qrels", str(qrels), "--candidates",
+        str(candidates), "--reranker", "lexical",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "[/x]" in result.stdout
+    assert "[bold]rust[/bold] compiler" in result.stdout
+
+
 def test_eval_bad_input_names_the_line_and_exits_2(tmp_path: Path) -> None:
     queries = tmp_path / "q.tsv"
     queries.write_text("q1\tx\n", encoding="utf-8")
@@ -580,3 +599,8 @@ def test_help_explains_each_option(command: str, options: list[str]) -> None:
     assert result.exit_code == 0
     for option in options:
         assert option in result.stdout
+    # --reranker's help names the extra; unescaped, Rich would swallow "[local]" as a tag.
+    assert "needs the [local] extra" in flat(result.stdout)
+    if command == "demo":  # and so does demo's docstring
+        assert "with the [local] extra" in flat(result.stdout)
+    assert "\\[" not in result.stdout
