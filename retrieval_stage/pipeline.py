@@ -24,12 +24,12 @@ from openinference.instrumentation import (
 )
 from openinference.semconv.trace import OpenInferenceSpanKindValues
 from opentelemetry import trace
-from opentelemetry.trace import Span, TracerProvider
+from opentelemetry.trace import Span, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
 from ._version import __version__
 from .models import Candidate, Reranked
-from .spans import ATTR_DOCUMENTS, attribute_limit, cap_content
+from .spans import ATTR_CANCELLED, ATTR_DOCUMENTS, attribute_limit, cap_content
 from .stage import RerankStage, recall_order
 
 __all__ = [
@@ -222,9 +222,12 @@ class Pipeline:
             ATTR_RECALL: self.recall_name,
             ATTR_RECALL_K: self.recall_k,
         }
-        with self._tracer.start_as_current_span(
-            "pipeline", attributes=self._masked(attributes)
-        ) as span:
+        with (
+            self._tracer.start_as_current_span(
+                "pipeline", attributes=self._masked(attributes)
+            ) as span,
+            _cancellation_marked(span),
+        ):
             yield span
 
     @contextmanager
@@ -235,9 +238,12 @@ class Pipeline:
             ATTR_RECALL: self.recall_name,
             ATTR_RECALL_K: self.recall_k,
         }
-        with self._tracer.start_as_current_span(
-            "recall", attributes=self._masked(attributes)
-        ) as span:
+        with (
+            self._tracer.start_as_current_span(
+                "recall", attributes=self._masked(attributes)
+            ) as span,
+            _cancellation_marked(span),
+        ):
             yield span
 
     def _record_documents(self, span: Span, recalled: list[Candidate]) -> None:
@@ -299,6 +305,21 @@ class Pipeline:
                     f"position {i}; it must return retrieval_stage.Candidate objects"
                 )
         return recalled[: self.recall_k]
+
+
+@contextmanager
+def _cancellation_marked(span: Span) -> Iterator[None]:
+    """End `span` as ERROR "cancelled" when an `arun` is cancelled inside it.
+
+    `CancelledError` is not an `Exception`, so the span manager would end the span as if all
+    went well (as `RerankStage.arun` does for its own span).
+    """
+    try:
+        yield
+    except asyncio.CancelledError:
+        span.set_status(Status(StatusCode.ERROR, "cancelled"))
+        span.set_attribute(ATTR_CANCELLED, True)
+        raise
 
 
 def _check_query(query: str) -> None:

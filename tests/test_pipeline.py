@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -222,6 +224,69 @@ async def test_arun_writes_the_same_trace_shape(spans: Spans) -> None:
         assert parent is not None
         assert parent.span_id == chain.context.span_id
     assert [r.candidate.id for r in result.results] == ["b", "c", "a"]
+
+
+class HangingReranker:
+    """An async reranker that never answers: the caller has to cancel it."""
+
+    provider = "test"
+
+    def __init__(self) -> None:
+        self.called = asyncio.Event()
+
+    async def rerank(self, query: str, items: Sequence[T], **_: Any) -> list[tuple[T, float]]:
+        self.called.set()
+        await asyncio.Event().wait()
+        return []
+
+
+def assert_cancelled(span: ReadableSpan) -> None:
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description == "cancelled"
+    assert (span.attributes or {})["retrieval_stage.cancelled"] is True
+
+
+async def test_cancelled_arun_marks_the_chain_span_cancelled(spans: Spans) -> None:
+    provider, exporter = spans
+    reranker = HangingReranker()
+    stage = RerankStage(reranker, tracer_provider=provider)
+    pipeline = Pipeline(FixedRecall(three()), stage, tracer_provider=provider)
+    task = asyncio.ensure_future(pipeline.arun("q"))
+    await asyncio.wait_for(reranker.called.wait(), timeout=10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    named = by_name(exporter)
+    assert_cancelled(named["pipeline"])
+    assert_cancelled(named["rerank"])
+    assert named["recall"].status.status_code is StatusCode.UNSET  # recall had finished
+
+
+async def test_cancelled_arun_during_recall_marks_retriever_and_chain(spans: Spans) -> None:
+    provider, exporter = spans
+    started, release = threading.Event(), threading.Event()
+
+    class SlowRecall(FixedRecall):
+        def recall(self, query: str, k: int) -> list[Candidate]:
+            started.set()
+            release.wait(10)
+            return super().recall(query, k)
+
+    stage = RerankStage(LengthReranker(), tracer_provider=provider)
+    pipeline = Pipeline(SlowRecall(three()), stage, tracer_provider=provider)
+    task = asyncio.ensure_future(pipeline.arun("q"))
+    try:
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        release.set()
+    finished = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(finished) == {"pipeline", "recall"}
+    assert_cancelled(finished["recall"])
+    assert_cancelled(finished["pipeline"])
 
 
 def test_recall_is_asked_for_recall_k_and_extra_results_are_cut(spans: Spans) -> None:
