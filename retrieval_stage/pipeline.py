@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from openinference.instrumentation import (
     TraceConfig,
@@ -29,7 +29,7 @@ from opentelemetry.util.types import AttributeValue
 
 from ._version import __version__
 from .models import Candidate, Reranked
-from .spans import ATTR_CANCELLED, ATTR_DOCUMENTS, attribute_limit, cap_content
+from .spans import ATTR_CANCELLED, ATTR_DOCUMENTS, attribute_limit, cap_content, metadata_json
 from .stage import RerankStage, recall_order
 
 __all__ = [
@@ -158,7 +158,9 @@ class Pipeline:
 
     `tracer_provider` is the provider for the CHAIN and RETRIEVER spans (pass the same one the
     stage uses); None means OpenTelemetry's global provider. `trace_config` defaults to the
-    stage's, so ``OPENINFERENCE_HIDE_*`` settings apply to every span of the call alike.
+    stage's, so ``OPENINFERENCE_HIDE_*`` settings apply to every span of the call alike, and
+    the CHAIN and RETRIEVER spans cap every value (query, ids, texts, metadata) at the stage's
+    `max_content_length`, as the RERANKER span does.
     """
 
     def __init__(
@@ -218,9 +220,7 @@ class Pipeline:
     def _chain(self, query: str) -> Iterator[Span]:
         attributes = {
             **get_span_kind_attributes(OpenInferenceSpanKindValues.CHAIN),
-            **get_input_attributes(query, mime_type="text/plain"),
-            ATTR_RECALL: self.recall_name,
-            ATTR_RECALL_K: self.recall_k,
+            **self._input(query),
         }
         with (
             self._tracer.start_as_current_span(
@@ -234,9 +234,7 @@ class Pipeline:
     def _retriever(self, query: str) -> Iterator[Span]:
         attributes = {
             **get_span_kind_attributes(OpenInferenceSpanKindValues.RETRIEVER),
-            **get_input_attributes(query, mime_type="text/plain"),
-            ATTR_RECALL: self.recall_name,
-            ATTR_RECALL_K: self.recall_k,
+            **self._input(query),
         }
         with (
             self._tracer.start_as_current_span(
@@ -245,6 +243,15 @@ class Pipeline:
             _cancellation_marked(span),
         ):
             yield span
+
+    def _input(self, query: str) -> dict[str, Any]:
+        """The query and the recall's name, capped at the stage's `max_content_length`."""
+        cap = self.stage.max_content_length
+        return {
+            **get_input_attributes(cap_content(query, cap), mime_type="text/plain"),
+            ATTR_RECALL: cap_content(self.recall_name, cap),
+            ATTR_RECALL_K: self.recall_k,
+        }
 
     def _record_documents(self, span: Span, recalled: list[Candidate]) -> None:
         """The recalled documents, head first, as many as the span's attribute limit allows."""
@@ -275,10 +282,11 @@ class Pipeline:
     ) -> PipelineResult:
         context = span.get_span_context()
         if span.is_recording():
-            ids = json.dumps([r.candidate.id for r in results], ensure_ascii=False)
-            span.set_attributes(
-                self._masked(get_output_attributes(ids, mime_type="application/json"))
+            cap = self.stage.max_content_length
+            value, mime_type = _output_value(
+                [cap_content(r.candidate.id, cap) for r in results], cap
             )
+            span.set_attributes(self._masked(get_output_attributes(value, mime_type=mime_type)))
         return PipelineResult(
             query=query,
             recalled=recalled,
@@ -328,15 +336,24 @@ def _check_query(query: str) -> None:
 
 
 def _document(candidate: Candidate, max_content_length: int) -> Any:
-    """An OpenInference `Document` for the RETRIEVER span, content capped like the stage's."""
+    """An OpenInference `Document` for the RETRIEVER span, capped and sanitised exactly like
+    the RERANKER span's documents (`spans.cap_content`, `spans.metadata_json`)."""
     document: dict[str, Any] = {
-        "id": candidate.id,
+        "id": cap_content(candidate.id, max_content_length),
         "content": cap_content(candidate.text, max_content_length),
     }
     if candidate.score is not None:
         document["score"] = candidate.score
     if candidate.metadata:
-        document["metadata"] = json.dumps(
-            dict(candidate.metadata), ensure_ascii=False, default=str, sort_keys=True
-        )
+        document["metadata"] = metadata_json(candidate.metadata, max_content_length)
     return document
+
+
+def _output_value(
+    ids: Sequence[str], max_bytes: int
+) -> tuple[str, Literal["application/json", "text/plain"]]:
+    """(value, mime type) for the CHAIN span's output: the result ids as a JSON list, or, when
+    that is longer than `max_bytes`, its capped text (no longer JSON, so ``text/plain``)."""
+    text = json.dumps(list(ids), ensure_ascii=False)
+    capped = cap_content(text, max_bytes)
+    return (text, "application/json") if capped == text else (capped, "text/plain")

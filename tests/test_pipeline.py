@@ -168,6 +168,51 @@ def test_retriever_documents_stop_at_the_attribute_limit_head_first(spans: Spans
     assert len(attributes) <= 128
 
 
+def test_chain_and_retriever_cap_values_at_the_stages_content_length(spans: Spans) -> None:
+    provider, exporter = spans
+    long_id = "id-" + "é" * 200
+    recalled = [
+        Candidate(long_id, "text " * 100, 2.0, {"blob": "x" * 500, 3: float("nan")}),
+        Candidate("short", "tiny", 1.0),
+    ]
+    stage = RerankStage(LengthReranker(), tracer_provider=provider, max_content_length=64)
+    Pipeline(FixedRecall(recalled), stage, tracer_provider=provider).run("q" * 300)
+    named = by_name(exporter)
+    chain = dict(named["pipeline"].attributes or {})
+    retriever = dict(named["recall"].attributes or {})
+    for attributes in (chain, retriever):
+        assert len(str(attributes["input.value"]).encode()) <= 64
+        assert str(attributes["input.value"]).endswith("…[truncated]")
+    assert len(str(chain["output.value"]).encode()) <= 64
+    assert chain["output.mime_type"] == "text/plain"  # no longer the whole JSON list
+    prefix = "retrieval.documents.0.document"
+    for key in ("id", "content", "metadata"):
+        assert len(str(retriever[f"{prefix}.{key}"]).encode()) <= 64
+    assert str(retriever[f"{prefix}.id"]).startswith("id-é")
+
+    def no_nan(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    json.loads(str(retriever[f"{prefix}.metadata"]), parse_constant=no_nan)  # still JSON
+
+
+def test_metadata_on_the_retriever_span_is_json_whatever_it_holds(spans: Spans) -> None:
+    provider, exporter = spans
+    odd = Candidate("a", "x", 1.0, {"nan": float("nan"), 7: "seven"})
+    stage = RerankStage(LengthReranker(), tracer_provider=provider)
+    Pipeline(FixedRecall([odd]), stage, tracer_provider=provider).run("q")
+    raw = str(
+        dict(by_name(exporter)["recall"].attributes or {})[
+            "retrieval.documents.0.document.metadata"
+        ]
+    )
+
+    def no_nan(name: str) -> None:
+        raise AssertionError(f"{name} is not JSON")
+
+    assert "seven" in json.dumps(json.loads(raw, parse_constant=no_nan))  # strict JSON
+
+
 def test_hidden_inputs_and_outputs_are_redacted_on_chain_and_retriever(spans: Spans) -> None:
     provider, exporter = spans
     config = TraceConfig(hide_inputs=True, hide_outputs=True)
