@@ -590,8 +590,9 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def _read_lines(source: str) -> list[str]:
-    """The lines of `source` (a path, or ``-`` for stdin); exit 2 when it cannot be read.
+def _read_lines(source: str, what: str) -> list[str]:
+    """The lines of `source` (a path, or ``-`` for stdin); exit 2 naming option `what` when it
+    cannot be read.
 
     Read as bytes and decoded strictly: Python's stdin would turn bytes that are not UTF-8
     into lone surrogates, which fail much later (or go to the reranker as garbage). Lines end
@@ -606,16 +607,16 @@ def _read_lines(source: str) -> list[str]:
         else:
             data = Path(source).read_bytes()
     except FileNotFoundError:
-        _fail(EXIT_USAGE, f"--input {name}: no such file")
+        _fail(EXIT_USAGE, f"{what} {name}: no such file")
     except IsADirectoryError:
-        _fail(EXIT_USAGE, f"--input {name}: is a directory")
+        _fail(EXIT_USAGE, f"{what} {name}: is a directory")
     except OSError as exc:
-        _fail(EXIT_USAGE, f"--input {name}: {exc.strerror or exc}")
+        _fail(EXIT_USAGE, f"{what} {name}: {exc.strerror or exc}")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        _fail(EXIT_USAGE, f"--input {name}: line {line} is not UTF-8 text ({exc.reason})")
+        _fail(EXIT_USAGE, f"{what} {name}: line {line} is not UTF-8 text ({exc.reason})")
     return text.removeprefix("\ufeff").split("\n")
 
 
@@ -636,16 +637,17 @@ def _check_text(value: str, what: str) -> None:
 
 
 def _read_candidates(source: str, what: str) -> list[Candidate]:
-    candidates, errors = parse_candidates(_read_lines(source))
+    """Every candidate of `source`, or exit 2 listing the bad lines; `what` names the option
+    in messages (``--input``, ``--corpus``, ``--docs``)."""
+    candidates, errors = parse_candidates(_read_lines(source, what))
     if errors:
         shown = [f"line {e.line}: {e.message}" for e in errors[:MAX_ERRORS_SHOWN]]
         if len(errors) > MAX_ERRORS_SHOWN:
             shown.append(f"… and {len(errors) - MAX_ERRORS_SHOWN} more")
         name = "stdin" if source == "-" else source
         plural = "s" if len(errors) > 1 else ""
-        _fail(
-            EXIT_USAGE, f"{what} {name}: {len(errors)} bad line{plural}, nothing reranked", *shown
-        )
+        consequence = ", nothing reranked" if what == "--input" else ""
+        _fail(EXIT_USAGE, f"{what} {name}: {len(errors)} bad line{plural}{consequence}", *shown)
     return candidates
 
 

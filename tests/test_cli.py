@@ -487,6 +487,24 @@ def test_demo_with_its_own_corpus(tmp_path: Path) -> None:
     assert f"BM25 over 3 {corpus}: 2 candidates" in flat(result.stdout)
 
 
+def test_corpus_and_docs_errors_name_their_own_option(tmp_path: Path) -> None:
+    absent = tmp_path / "absent.jsonl"
+    demo = invoke("demo", "--corpus", str(absent), "--reranker", "lexical")
+    assert demo.exit_code == 2
+    assert f"--corpus {absent}: no such file" in flat(demo.stderr)
+    docs = invoke("eval", "--docs", str(absent), "--reranker", "lexical")
+    assert docs.exit_code == 2
+    assert f"--docs {absent}: no such file" in flat(docs.stderr)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a"}\n', encoding="utf-8")
+    invalid = invoke("demo", "--corpus", str(bad), "--reranker", "lexical")
+    assert invalid.exit_code == 2
+    assert f"--corpus {bad}: 1 bad line" in flat(invalid.stderr)
+    for result in (demo, docs, invalid):
+        assert "--input" not in result.stderr
+        assert "reranked" not in result.stderr  # nothing was about to be reranked yet
+
+
 # -- eval --------------------------------------------------------------------------------------
 
 
