@@ -558,36 +558,15 @@ def parse_candidates(lines: Sequence[str]) -> tuple[list[Candidate], list[LineEr
 
 
 def _parse_line(raw: str) -> tuple[str | None, Candidate | None]:
+    """(problem, None) or (None, candidate): the same checks as ``eval --candidates``."""
+    from .evaluation import candidate_fields, json_object
+
     try:
-        record = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return f"not valid JSON: {exc.msg} (column {exc.colno})", None
-    if not isinstance(record, dict):
-        return f"expected a JSON object, got {type(record).__name__}", None
-    if "id" not in record:
-        return 'missing "id"', None
-    ident = record["id"]
-    if isinstance(ident, bool) or not isinstance(ident, (str, int)):
-        return f'"id" must be a string or an integer, got {_json_type(ident)}', None
-    text = record.get("text")
-    if not isinstance(text, str):
-        return ('missing "text"' if text is None else f'"text" must be a string, got '
-                f"{_json_type(text)}"), None  # fmt: skip
-    score = record.get("score")
-    if score is not None and (
-        isinstance(score, bool) or not isinstance(score, (int, float)) or not math.isfinite(score)
-    ):
-        return f'"score" must be a finite number or null, got {json.dumps(score)}', None
-    metadata = record.get("metadata")
-    if metadata is not None and not isinstance(metadata, dict):
-        return f'"metadata" must be an object or null, got {_json_type(metadata)}', None
-    return None, Candidate(str(ident), text, score, metadata or {})
-
-
-def _json_type(value: Any) -> str:
-    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
-    names.update({list: "an array", dict: "an object", type(None): "null"})
-    return names.get(type(value), type(value).__name__)
+        ident, text, score, metadata = candidate_fields(json_object(raw))
+    except ValueError as exc:
+        return str(exc), None
+    assert text is not None  # required
+    return None, Candidate(ident, text, score, metadata)
 
 
 def _read_lines(source: str, what: str) -> list[str]:

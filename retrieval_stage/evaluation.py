@@ -27,8 +27,11 @@ __all__ = [
     "MetricComparison",
     "Qrels",
     "QueryMovement",
+    "candidate_fields",
     "compare_rankings",
     "evaluate",
+    "json_object",
+    "json_type",
     "metric_names",
     "paired_permutation_test",
     "per_query_scores",
@@ -82,6 +85,97 @@ def _lines(path: str | Path) -> Iterator[tuple[int, str]]:
         raise EvalInputError(path, None, exc.strerror or str(exc)) from None
 
 
+def json_object(line: str) -> dict[str, Any]:
+    """One JSON line as an object; ValueError with a message for people otherwise.
+
+    Shared by every JSON-lines reader (``eval``'s files, the command's candidates), so the
+    same line gets the same verdict everywhere.
+    """
+    try:
+        value = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError("not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer with more digits than Python converts
+        raise ValueError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {json_type(value)}")
+    return value
+
+
+def json_type(value: Any) -> str:
+    """How JSON names `value`'s type, for messages: ``an array``, ``a string``, ``null``..."""
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+    names.update({list: "an array", dict: "an object", type(None): "null"})
+    return names.get(type(value), type(value).__name__)
+
+
+def candidate_fields(
+    record: Mapping[str, Any], *, id_keys: Sequence[str] = ("id",), require_text: bool = True
+) -> tuple[str, str | None, float | None, dict[str, Any]]:
+    """(id, text, score, metadata) of one candidate's JSON object, checked; ValueError says why.
+
+    The one parser of a candidate line, for ``rerank --input``, ``demo --corpus``,
+    ``eval --docs`` and ``eval --candidates``. The id is the first of `id_keys` present, a
+    string or an integer; `text` a string (None when absent and not `require_text`); `score`
+    a finite number or null, as a float; `metadata` an object or null. Strings must be valid
+    Unicode: a JSON escape of a lone surrogate (``"\\udce9"``) could be neither sent nor
+    printed.
+    """
+    key = next((k for k in id_keys if k in record), None)
+    if key is None:
+        raise ValueError(f'missing "{id_keys[0]}"')
+    ident = record[key]
+    if isinstance(ident, bool) or not isinstance(ident, (str, int)):
+        raise ValueError(f'"{key}" must be a string or an integer, got {json_type(ident)}')
+    ident = str(ident)
+    _check_unicode(ident, key)
+    text = record.get("text")
+    if text is None:
+        if require_text:
+            raise ValueError('missing "text"')
+    elif not isinstance(text, str):
+        raise ValueError(f'"text" must be a string, got {json_type(text)}')
+    else:
+        _check_unicode(text, "text")
+    return ident, text, _score(record.get("score")), _metadata(record.get("metadata"))
+
+
+def _check_unicode(value: str, key: str) -> None:
+    if value.isascii():
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f'"{key}" is not valid Unicode (a lone surrogate at character {exc.start})'
+        ) from None
+
+
+def _score(score: Any) -> float | None:
+    if score is None:
+        return None
+    problem = isinstance(score, bool) or not isinstance(score, (int, float))
+    if not problem:
+        try:
+            value = float(score)
+        except OverflowError:  # an integer too large for a float
+            value = math.inf
+        if math.isfinite(value):
+            return value
+    shown = json_type(score) if problem else "a number out of range"
+    raise ValueError(f'"score" must be a finite number or null, got {shown}')
+
+
+def _metadata(metadata: Any) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise ValueError(f'"metadata" must be an object or null, got {json_type(metadata)}')
+    return metadata
+
+
 def _is_jsonl(path: str | Path) -> bool:
     first = next(_lines(path), None)
     return first is not None and first[1].startswith("{")
@@ -89,12 +183,9 @@ def _is_jsonl(path: str | Path) -> bool:
 
 def _json_object(path: str | Path, number: int, line: str) -> dict[str, Any]:
     try:
-        value = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise EvalInputError(path, number, f"not valid JSON: {exc.msg}") from None
-    if not isinstance(value, dict):
-        raise EvalInputError(path, number, f"expected a JSON object, got {type(value).__name__}")
-    return value
+        return json_object(line)
+    except ValueError as exc:
+        raise EvalInputError(path, number, str(exc)) from None
 
 
 def _field(
@@ -105,10 +196,15 @@ def _field(
             value = record[name]
             if kind == "id" and isinstance(value, int) and not isinstance(value, bool):
                 return str(value)
-            if kind in ("id", "text") and not isinstance(value, str):
-                raise EvalInputError(
-                    path, number, f'"{name}" must be a string, got {type(value).__name__}'
-                )
+            if kind in ("id", "text"):
+                if not isinstance(value, str):
+                    raise EvalInputError(
+                        path, number, f'"{name}" must be a string, got {json_type(value)}'
+                    )
+                try:
+                    _check_unicode(value, name)
+                except ValueError as exc:
+                    raise EvalInputError(path, number, str(exc)) from None
             return value
     raise EvalInputError(path, number, f'missing "{names[0]}"')
 
@@ -195,12 +291,12 @@ def read_candidates(
         if jsonl:
             record = _json_object(path, number, line)
             qid = _field(path, number, record, ("query_id", "qid"), "id")
-            doc = _field(path, number, record, ("id", "doc_id", "docid"), "id")
-            text = record.get("text")
-            if text is not None:
-                text = _field(path, number, record, ("text",), "text")
-            score = record.get("score")
-            metadata = record.get("metadata")
+            try:
+                doc, text, score, metadata = candidate_fields(
+                    record, id_keys=("id", "doc_id", "docid"), require_text=False
+                )
+            except ValueError as exc:
+                raise EvalInputError(path, number, str(exc)) from None
         else:
             parts = line.split()
             if len(parts) != 6:
@@ -209,22 +305,21 @@ def read_candidates(
                     number,
                     f"expected 6 columns (qid Q0 docid rank score tag), got {len(parts)}",
                 )
-            qid, doc, text, metadata = parts[0], parts[2], None, None
+            qid, doc, text, metadata = parts[0], parts[2], None, {}
             try:
                 score = float(parts[4])
             except ValueError:
                 raise EvalInputError(path, number, f"score {parts[4]!r} is not a number") from None
+            if not math.isfinite(score):
+                raise EvalInputError(path, number, f"score {parts[4]!r} is not finite")
         if text is None:
             known = documents.get(doc) if documents is not None else None
             if known is None:
                 raise EvalInputError(
                     path, number, f"no text for document {doc!r} (give it, or pass its corpus)"
                 )
-            text, metadata = known.text, metadata or known.metadata
-        try:
-            candidate = Candidate(doc, text, score, metadata or {})
-        except (TypeError, ValueError) as exc:
-            raise EvalInputError(path, number, str(exc)) from None
+            text, metadata = known.text, metadata or dict(known.metadata)
+        candidate = Candidate(doc, text, score, metadata)
         if doc in seen.setdefault(qid, set()):
             raise EvalInputError(path, number, f"{doc!r} is listed twice for query {qid!r}")
         seen[qid].add(doc)

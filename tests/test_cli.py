@@ -161,6 +161,14 @@ def test_rerank_with_every_score_tied_shows_no_movement() -> None:
     ]
 
 
+def test_rerank_jsonl_recall_scores_are_floats_even_when_given_as_integers() -> None:
+    given = '{"id": "a", "text": "x", "score": 1}\n{"id": "b", "text": "y"}\n'
+    result = invoke("rerank", "-q", "x", "--reranker", "lexical", stdin=given)
+    assert result.exit_code == 0, result.stderr
+    assert '"recall_score": 1.0,' in result.stdout
+    assert '"recall_score": null,' in result.stdout
+
+
 def test_rerank_reads_the_endpoint_from_the_environment(wm: WireMock) -> None:
     wm.stub_json("/env/rerank", TEI_OUT_OF_ORDER)
     result = invoke("rerank", "-q", "q", stdin=CANDIDATES, RERANK_ENDPOINT=wm.url + "/env")
@@ -315,14 +323,33 @@ def test_a_line_separator_inside_a_json_string_does_not_split_the_line() -> None
     assert [row["id"] for row in jsonl(result.stdout)] == ["a"]
 
 
-def test_text_the_service_cannot_be_sent_is_a_usage_error_not_a_traceback(wm: WireMock) -> None:
+def test_lines_the_service_could_not_be_sent_are_bad_lines(wm: WireMock) -> None:
     wm.stub_json("/s/rerank", TEI_OUT_OF_ORDER)
-    lone = '{"id": "a", "text": "caf\\udce9"}\n'  # a JSON escape of a lone surrogate
-    result = invoke("rerank", "-q", "q", "--endpoint", wm.url + "/s", stdin=lone)
+    lines = (
+        '{"id": "a", "text": "caf\\udce9"}\n'  # a JSON escape of a lone surrogate
+        '{"id": "b", "text": "x", "score": 1' + "0" * 400 + "}\n"  # too large for a float
+    )
+    result = invoke("rerank", "-q", "q", "--endpoint", wm.url + "/s", stdin=lines)
     assert result.exit_code == 2
-    assert "not valid Unicode" in flat(result.stderr)
-    assert "Traceback" not in result.stderr
+    assert 'line 1: "text" is not valid Unicode' in flat(result.stderr)
+    assert 'line 2: "score" must be a finite number or null' in flat(result.stderr)
+    assert result.exception is None or isinstance(result.exception, SystemExit)
     assert wm.requests("/s/rerank") == []
+
+
+def test_a_reranker_refusing_its_arguments_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from retrieval_stage.stage import RerankStage
+
+    def refuse(*_: Any, **__: Any) -> None:
+        raise ValueError("the query is not valid Unicode (lone surrogate at 3)")
+
+    monkeypatch.setattr(RerankStage, "run", refuse)
+    result = invoke("rerank", "-q", "q", "--reranker", "lexical", stdin=CANDIDATES)
+    assert result.exit_code == 2
+    assert "cannot rerank this input: the query is not valid Unicode" in flat(result.stderr)
+    assert isinstance(result.exception, SystemExit)
 
 
 @pytest.mark.parametrize(
@@ -583,6 +610,20 @@ def test_eval_tables_print_ids_and_texts_that_look_like_markup_as_they_are(tmp_p
     assert result.exit_code == 0, result.stderr
     assert "[/x]" in result.stdout
     assert "[bold]rust[/bold] compiler" in result.stdout
+
+
+def test_eval_rejects_candidate_metadata_that_is_not_an_object(tmp_path: Path) -> None:
+    args = eval_files(tmp_path)
+    candidates = Path(args[-1])
+    lines = candidates.read_text(encoding="utf-8").splitlines()
+    lines[1] = json.dumps({"query_id": "q1", "id": "b", "text": "b", "metadata": [1, 2]})
+    candidates.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = invoke("eval", *args, "--reranker", "lexical")
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert f'{candidates}, line 2: "metadata" must be an object or null, got an array' in flat(
+        result.stderr
+    )
 
 
 def test_eval_bad_input_names_the_line_and_exits_2(tmp_path: Path) -> None:

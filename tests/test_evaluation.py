@@ -203,6 +203,28 @@ def test_readers_accept_json_lines(tmp_path: Path) -> None:
             "line 2: 'a' is listed twice",
         ),
         (read_candidates, '{"query_id": "q", "id": "a", "text": 3}\n', '"text" must be a string'),
+        (
+            read_candidates,
+            '{"query_id": "q", "id": "a", "text": "x", "metadata": [1, 2]}\n',
+            'line 1: "metadata" must be an object or null, got an array',
+        ),
+        (
+            read_candidates,
+            '{"query_id": "q", "id": "a", "text": "x", "metadata": "x"}\n',
+            'line 1: "metadata" must be an object or null, got a string',
+        ),
+        (
+            read_candidates,
+            '{"query_id": "q", "id": "a", "text": "x", "score": 1' + "0" * 400 + "}\n",
+            'line 1: "score" must be a finite number or null',
+        ),
+        (
+            read_candidates,
+            '{"query_id": "q", "id": "a", "text": "caf\\udce9"}\n',
+            'line 1: "text" is not valid Unicode',
+        ),
+        (read_queries, '{"id": "q", "text": "caf\\udce9"}\n', '"text" is not valid Unicode'),
+        (read_qrels, '{"a": ' + "[" * 100_000 + "\n", "line 1: not valid JSON"),
     ],
 )
 def test_readers_name_the_file_and_line_of_a_bad_line(
