@@ -982,6 +982,7 @@ def eval_(
         typer.Option(
             "--resamples",
             min=100,
+            max=1_000_000,  # evaluation.MAX_RESAMPLES: p to ~1e-6, more only costs time
             help="Random sign flips of the permutation test (when the exact test is larger).",
         ),
     ] = 9999,

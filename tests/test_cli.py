@@ -626,6 +626,13 @@ def test_eval_rejects_candidate_metadata_that_is_not_an_object(tmp_path: Path) -
     )
 
 
+def test_eval_refuses_more_resamples_than_it_can_use() -> None:
+    result = invoke("eval", "--reranker", "lexical", "--resamples", "3000000")
+    assert result.exit_code == 2
+    assert "--resamples" in flat(result.stderr)
+    assert "1000000" in flat(result.stderr).replace(",", "")
+
+
 def test_eval_bad_input_names_the_line_and_exits_2(tmp_path: Path) -> None:
     queries = tmp_path / "q.tsv"
     queries.write_text("q1\tx\n", encoding="utf-8")

@@ -17,6 +17,7 @@ from retrieval_stage.corpus import (
     load_corpus,
 )
 from retrieval_stage.evaluation import (
+    MAX_RESAMPLES,
     EvalInputError,
     compare_rankings,
     evaluate,
@@ -102,6 +103,27 @@ def test_permutation_test_edges() -> None:
     first = paired_permutation_test(a, b, resamples=2000, seed=3)
     assert first == paired_permutation_test(a, b, resamples=2000, seed=3)  # reproducible
     assert first < 0.01  # 20 of 30 queries improve, none worsens
+
+
+def test_permutation_test_memory_does_not_grow_with_resamples() -> None:
+    import tracemalloc
+
+    a, b = [1.0] * 20 + [0.0] * 20, [0.0] * 40
+    tracemalloc.start()
+    try:
+        p = paired_permutation_test(a, b, resamples=100_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert p < 0.001
+    assert peak < 40_000_000  # all 100,000 resamples at once would take ~300 MB
+
+
+def test_permutation_test_refuses_a_resample_count_out_of_bounds() -> None:
+    with pytest.raises(ValueError, match="between 1 and 1,000,000"):
+        paired_permutation_test([1.0, 0.0, 1.0], [0.0, 0.0, 0.0], resamples=MAX_RESAMPLES + 1)
+    with pytest.raises(ValueError, match="between 1 and"):
+        paired_permutation_test([1.0, 0.0, 1.0], [0.0, 0.0, 0.0], resamples=0)
 
 
 def test_evaluate_reranks_each_judged_query_with_the_stage() -> None:
