@@ -580,6 +580,8 @@ def _read_lines(source: str, what: str) -> list[str]:
     name = "stdin" if source == "-" else source
     try:
         if source == "-":
+            if sys.stdin is None or sys.stdin.closed:  # started with stdin closed (<&-)
+                _fail(EXIT_USAGE, f"{what} stdin: stdin is closed; pass {what} FILE")
             if sys.stdin.isatty():
                 _note(_err(), "reading candidates from stdin (JSON lines; end with Ctrl-D)")
             data = _stdin_bytes()

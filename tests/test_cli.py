@@ -116,6 +116,21 @@ def test_installed_script_reports_the_bad_line_exits_2_and_writes_nothing() -> N
     assert "Traceback" not in done.stderr
 
 
+def test_installed_script_with_stdin_closed_says_so_and_exits_2() -> None:
+    done = subprocess.run(
+        ["bash", "-c", '"$0" rerank -q rust --reranker lexical <&-', str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "--input stdin: stdin is closed" in flat(done.stderr)
+    assert "Traceback" not in done.stderr
+
+
 def test_installed_script_maps_out_of_order_tei_results_by_index(wm: WireMock) -> None:
     wm.stub_json("/cli/rerank", TEI_OUT_OF_ORDER)
     done = run_script(
