@@ -29,6 +29,7 @@ from .errors import RerankError, RerankProtocolError
 __all__ = [
     "DEFAULT_LOCAL_MODEL",
     "INSTALL_HINT",
+    "AsyncCrossEncoderReranker",
     "CrossEncoderReranker",
     "LexicalReranker",
     "local_available",

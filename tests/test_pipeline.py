@@ -470,3 +470,19 @@ def test_lexical_reranker_says_it_is_lexical_on_the_span(spans: Spans) -> None:
     attributes = dict(span.attributes or {})
     assert attributes["retrieval_stage.provider"] == "lexical"
     assert attributes["reranker.model_name"] == "lexical-coverage-proximity"
+
+
+def test_local_module_exports_every_public_class_and_function() -> None:
+    import inspect
+
+    import retrieval_stage.local as local
+
+    defined = {
+        name
+        for name, value in vars(local).items()
+        if not name.startswith("_")
+        and (inspect.isclass(value) or inspect.isfunction(value))
+        and value.__module__ == local.__name__
+    }
+    assert "AsyncCrossEncoderReranker" in defined
+    assert defined <= set(local.__all__)
