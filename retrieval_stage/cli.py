@@ -1052,18 +1052,20 @@ def eval_(
             console=_err(),
             transient=True,
         )
-        with (
-            progress,
-            tracer.start_as_current_span(
-                "eval",
-                attributes={
-                    **get_span_kind_attributes(OpenInferenceSpanKindValues.CHAIN),
-                    "retrieval_stage.queries": len(judged),
-                },
-            ),
-        ):
-            task = progress.add_task("", total=len(judged))
-            try:
+        # Errors are handled outside the span, so that it records the rerank error, not the
+        # command's exit.
+        try:
+            with (
+                progress,
+                tracer.start_as_current_span(
+                    "eval",
+                    attributes={
+                        **get_span_kind_attributes(OpenInferenceSpanKindValues.CHAIN),
+                        "retrieval_stage.queries": len(judged),
+                    },
+                ),
+            ):
+                task = progress.add_task("", total=len(judged))
                 report = evaluate(
                     stage,
                     texts,
@@ -1073,12 +1075,10 @@ def eval_(
                     resamples=resamples,
                     progress=lambda qid: progress.update(task, advance=1, description=qid),
                 )
-            except RerankError as exc:
-                progress.stop()
-                _rerank_failed(chosen, exc)
-            except (TypeError, ValueError) as exc:  # the reranker refused its arguments
-                progress.stop()
-                _fail(EXIT_USAGE, f"cannot rerank this input: {exc}")
+        except RerankError as exc:
+            _rerank_failed(chosen, exc)
+        except (TypeError, ValueError) as exc:  # the reranker refused its arguments
+            _fail(EXIT_USAGE, f"cannot rerank this input: {exc}")
         if as_json:
             body = report.to_dict()
             body["reranker"] = {

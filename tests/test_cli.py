@@ -596,6 +596,39 @@ def test_eval_on_files_against_tei_matches_hand_computed_metrics(
     assert {s["traceId"] for s in spans} == {root["traceId"]}
 
 
+def otlp_spans(trace_file: Path) -> list[dict[str, Any]]:
+    return [
+        span
+        for request in jsonl(trace_file.read_text(encoding="utf-8"))
+        for resource in request["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+    ]
+
+
+def test_a_failed_eval_records_the_rerank_error_on_its_root_span(
+    wm: WireMock, tmp_path: Path
+) -> None:
+    wm.stub_json("/down/rerank", {"error": "model not loaded"}, status=422)
+    trace_file = tmp_path / "trace.jsonl"
+    result = invoke(
+        "eval", *eval_files(tmp_path), "--endpoint", wm.url + "/down",
+        "--trace-file", str(trace_file),
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "rerank failed: HTTP 422" in flat(result.stderr)
+    (root,) = [s for s in otlp_spans(trace_file) if s["name"] == "eval"]
+    assert root["status"]["code"] == 2  # ERROR
+    assert root["status"]["message"].startswith("RerankStatusError")
+    types = [
+        a["value"]["stringValue"]
+        for event in root.get("events", [])
+        for a in event["attributes"]
+        if a["key"] == "exception.type"
+    ]
+    assert types == ["retrieval_stage.errors.RerankStatusError"]
+
+
 def test_eval_table_output_names_the_reranker_and_the_test() -> None:
     result = invoke("eval", "--reranker", "lexical")
     assert result.exit_code == 0, result.stderr
