@@ -16,6 +16,7 @@ import math
 import os
 import socket
 import sys
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -28,6 +29,7 @@ import typer
 from openinference.instrumentation import get_span_kind_attributes
 from openinference.semconv.trace import OpenInferenceSpanKindValues, SpanAttributes
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -379,12 +381,57 @@ class _Tally(SpanProcessor):
             labels.append(label)
 
 
+class _Watched(SpanExporter):
+    """Wraps an exporter and counts the spans it delivered, so the summary tells the truth.
+
+    An exporter that raises counts as a failed export (the batch processor would only log it).
+    """
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.delivered = 0
+        self._lock = threading.Lock()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception:
+            result = SpanExportResult.FAILURE
+        if result is SpanExportResult.SUCCESS:
+            with self._lock:
+                self.delivered += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return bool(self.inner.force_flush(timeout_millis))
+
+
+@dataclass
+class Destination:
+    """Where spans went: how to say it when all arrived, and when some did not."""
+
+    sent: str
+    failed: str
+    exporter: _Watched
+
+    def outcome(self, spans: int) -> str:
+        """`sent`, or `failed` with how many of `spans` never arrived (export error, or
+        still queued when the flush at exit gave up)."""
+        missing = spans - self.exporter.delivered
+        if missing <= 0:
+            return self.sent
+        return f"{self.failed} ({missing} of {spans} spans not delivered)"
+
+
 @dataclass
 class Tracing:
     """The command's tracer provider and where its spans go."""
 
     provider: Any
-    destinations: list[str]
+    destinations: list[Destination]
     tally: _Tally
     meter_provider: Any = None
 
@@ -408,7 +455,8 @@ class Tracing:
         which = f"trace {traces[0]}" if len(traces) == 1 else f"{len(traces)} traces"
         head = f"spans: {self.tally.spans} in {which}"
         if self.destinations:
-            return f"{head}, {' and '.join(self.destinations)}"
+            outcomes = [d.outcome(self.tally.spans) for d in self.destinations]
+            return f"{head}, {' and '.join(outcomes)}"
         root, *children = self.tally.traces[traces[0]]
         counted = Counter(children)
         shown = ", ".join(f"{n}x {label}" if n > 1 else label for label, n in counted.items())
@@ -425,19 +473,28 @@ def start_tracing(trace_file: Path | None) -> Tracing:
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from .telemetry import DEFAULT_SERVICE_NAME, DEFAULT_SPAN_ATTRIBUTE_LIMIT, configure_tracing
+    from .telemetry import (
+        DEFAULT_SERVICE_NAME,
+        DEFAULT_SPAN_ATTRIBUTE_LIMIT,
+        configure_tracing,
+        otlp_span_exporter,
+    )
     from .trace_file import OtlpJsonLinesExporter
 
-    destinations: list[str] = []
+    destinations: list[Destination] = []
     otlp = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT"
     )
     if otlp:
         try:
-            provider = configure_tracing()
+            exporter = _Watched(otlp_span_exporter())  # what configure_tracing would build
+            provider = configure_tracing(exporter=exporter)
         except ValueError as exc:
             _fail(EXIT_USAGE, f"OTLP tracing: {_scrubbed(str(exc), otlp)}")
-        destinations.append(f"sent to OTLP at {shown_url(otlp)}")
+        shown = shown_url(otlp)
+        destinations.append(
+            Destination(f"sent to OTLP at {shown}", f"OTLP export to {shown} failed", exporter)
+        )
     else:
         name = os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
         provider = TracerProvider(
@@ -450,8 +507,15 @@ def start_tracing(trace_file: Path | None) -> Tracing:
             trace_file.open("a", encoding="utf-8").close()
         except OSError as exc:
             _fail(EXIT_USAGE, f"--trace-file {trace_file}: {exc.strerror or exc}")
-        provider.add_span_processor(BatchSpanProcessor(OtlpJsonLinesExporter(trace_file)))
-        destinations.append(f"written to {trace_file} (OTLP/JSON lines)")
+        writer = _Watched(OtlpJsonLinesExporter(trace_file))
+        provider.add_span_processor(BatchSpanProcessor(writer))
+        destinations.append(
+            Destination(
+                f"written to {trace_file} (OTLP/JSON lines)",
+                f"writing to {trace_file} failed",
+                writer,
+            )
+        )
     tally = _Tally()
     provider.add_span_processor(tally)
     return Tracing(provider, destinations, tally, _start_metrics())

@@ -259,12 +259,13 @@ def test_a_failed_call_names_the_endpoint_without_credentials_or_query(wm: WireM
 
 def test_otlp_endpoint_credentials_are_masked_in_the_summary(wm: WireMock) -> None:
     wm.stub_json("/v1/traces", {})
-    otlp = with_credentials(wm.url) + "?token=sekrit-key"
+    otlp = with_credentials(wm.url) + "/v1/traces?token=sekrit-key"
     result = invoke("rerank", "-q", "q", "--reranker", "lexical", stdin=CANDIDATES,
                     OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=otlp)  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert "sekrit" not in result.stdout + result.stderr
-    assert f"OTLP at {wm.url.replace('://', '://***@', 1)}" in flat(result.stderr)
+    masked = wm.url.replace("://", "://***@", 1)
+    assert f"sent to OTLP at {masked}/v1/traces" in flat(result.stderr)
 
 
 def test_rerank_top_k_and_table_format_show_the_movement(wm: WireMock) -> None:
@@ -495,6 +496,16 @@ def test_otlp_endpoint_in_the_environment_sends_the_spans_there(wm: WireMock) ->
     assert request["method"] == "POST"
     headers = {k.lower(): v for k, v in request["headers"].items()}
     assert headers["content-type"] == "application/x-protobuf"
+
+
+def test_summary_says_when_the_otlp_export_failed(wm: WireMock) -> None:
+    wm.stub_json("/v1/traces", {"error": "bad request"}, status=400)
+    result = invoke("rerank", "-q", "q", "--reranker", "lexical", stdin=CANDIDATES,
+                    OTEL_EXPORTER_OTLP_ENDPOINT=wm.url)  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert len(wm.requests("/v1/traces")) == 1
+    assert f"OTLP export to {wm.url} failed (1 of 1 spans not delivered)" in flat(result.stderr)
+    assert "sent to OTLP" not in result.stderr
 
 
 # -- demo --------------------------------------------------------------------------------------
