@@ -539,13 +539,25 @@ def _start_metrics() -> Any:
         _fail(EXIT_USAGE, f"OTLP metrics: {_scrubbed(str(exc), otlp)}")
 
 
-def _logging(level: str) -> None:
+def _logging(level: str, endpoint: str | None = None) -> None:
+    """JSON logs on stderr (rendered for a terminal), with `endpoint`'s secrets scrubbed: a
+    logged error can quote a service that echoed the request URL."""
+    import structlog
+
     from .telemetry import configure_logging
 
     try:
         configure_logging(level, stream=sys.stderr, json=not sys.stderr.isatty())
     except ValueError:
         _fail(EXIT_USAGE, f"--log-level: unknown level {level!r}")
+    if not endpoint:
+        return
+
+    def scrub(_: Any, __: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
+        return {k: _scrubbed(v, endpoint) if isinstance(v, str) else v for k, v in event.items()}
+
+    *processors, renderer = structlog.get_config()["processors"]
+    structlog.configure(processors=[*processors, scrub, renderer])
 
 
 @contextmanager
@@ -562,7 +574,7 @@ def _session(
     choice: RerankerChoice,
 ) -> Iterator[tuple[Chosen, Tracing]]:
     """Logging, tracing and the reranker for one command; flushes spans and says where."""
-    _logging(log_level)
+    _logging(log_level, endpoint)
     tracing = start_tracing(trace_file)
     try:
         chosen = choose_reranker(
@@ -758,9 +770,14 @@ def _say_reranker(console: Console, chosen: Chosen) -> None:
         _note(console, chosen.hint, style="yellow")
 
 
-def _rerank_failed(chosen: Chosen, exc: RerankError) -> NoReturn:
+def _base_url(chosen: Chosen) -> str | None:
     base_url = getattr(chosen.reranker, "base_url", None)
-    if not isinstance(base_url, str):
+    return base_url if isinstance(base_url, str) else None
+
+
+def _rerank_failed(chosen: Chosen, exc: RerankError) -> NoReturn:
+    base_url = _base_url(chosen)
+    if base_url is None:
         _fail(EXIT_FAILURE, f"rerank failed: {exc}")
     _fail(
         EXIT_FAILURE,
@@ -885,7 +902,8 @@ def _repeat(pipeline: Any, chosen: Chosen, query: str, runs: int, interval: floa
             try:
                 result = pipeline.run(text)
             except RerankError as exc:
-                _note(err, f"run {n + 2}: rerank failed ({type(exc).__name__}: {exc})", "yellow")
+                why = _scrubbed(f"{type(exc).__name__}: {exc}", _base_url(chosen))
+                _note(err, f"run {n + 2}: rerank failed ({why})", "yellow")
                 continue
             moved = sum(1 for change in result.changes if change.moved)
             _note(err, f"run {n + 2}: {text!r}: {len(result.results)} results, {moved} moved")

@@ -244,7 +244,7 @@ def test_endpoint_credentials_are_masked_in_what_the_commands_print(
 
 
 def test_a_failed_call_names_the_endpoint_without_credentials_or_query(wm: WireMock) -> None:
-    wm.stub_json("/nowhere", {"error": "unauthorized"}, status=401)
+    wm.stub_json("/nowhere", {"error": "key=sekrit-key is not a valid key"}, status=401)
     endpoint = with_credentials(wm.url) + "/nowhere?key=sekrit-key"
     result = invoke("rerank", "-q", "q", "--endpoint", endpoint, stdin=CANDIDATES)
     assert result.exit_code == 1
@@ -255,6 +255,33 @@ def test_a_failed_call_names_the_endpoint_without_credentials_or_query(wm: WireM
                  stdin=CANDIDATES)  # fmt: skip
     assert bad.exit_code == 2
     assert "sekrit" not in bad.stdout + bad.stderr
+
+
+def test_demo_repeat_failures_do_not_echo_the_endpoints_secrets(wm: WireMock) -> None:
+    for state, next_state, status, body in (
+        ("Started", "failing", 200, TEI_OUT_OF_ORDER),
+        ("failing", "failing", 401, {"error": "key=sekrit-key is not a valid key"}),
+    ):
+        wm.stub(
+            {
+                "scenarioName": "repeat",
+                "requiredScenarioState": state,
+                "newScenarioState": next_state,
+                "request": {"method": "POST", "urlPath": "/rep"},
+                "response": {
+                    "status": status,
+                    "headers": {"Content-Type": "application/json"},
+                    "body": json.dumps(body),
+                },
+            }
+        )
+    endpoint = with_credentials(wm.url) + "/rep?key=sekrit-key"
+    result = invoke(
+        "demo", "--recall-k", "3", "--repeat", "2", "--interval", "0", "--endpoint", endpoint
+    )
+    assert result.exit_code == 0, result.stderr
+    assert "run 2: rerank failed (RerankStatusError: HTTP 401" in flat(result.stderr)
+    assert "sekrit" not in result.stdout + result.stderr
 
 
 def test_otlp_endpoint_credentials_are_masked_in_the_summary(wm: WireMock) -> None:
