@@ -593,7 +593,7 @@ def _session(
     finally:
         tracing.provider.shutdown()
         if tracing.meter_provider is not None:
-            tracing.meter_provider.shutdown()
+            tracing.meter_provider.shutdown(timeout_millis=5_000)
         if tracing.tally.spans:
             _note(_err(), tracing.summary())
 

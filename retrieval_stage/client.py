@@ -220,6 +220,11 @@ class _ClientBase(Generic[H]):
             raise ValueError(
                 f"base_url is not a valid URL ({exc}): {masked_url(base_url)!r}"
             ) from None
+        if "?" in base_url or "#" in base_url:
+            raise ValueError(
+                "base_url must not have a query string or fragment (the provider's path is "
+                f"appended to it; pass a key with api_key): {masked_url(base_url.split('?')[0])!r}"
+            )
         if http_client is not None and not isinstance(http_client, self._http_type()):
             raise TypeError(
                 f"{type(self).__name__} needs an {self._http_type().__name__} as http_client, "

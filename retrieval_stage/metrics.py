@@ -143,6 +143,7 @@ def configure_metrics(
     export_interval_millis: int = 10_000,
     set_global: bool = False,
     reader: MetricReader | None = None,
+    export_timeout: float = 5.0,
 ) -> SdkMeterProvider:
     """Build an SDK MeterProvider that exports rerank metrics over OTLP.
 
@@ -153,7 +154,9 @@ def configure_metrics(
     URL like ``OTEL_EXPORTER_OTLP_ENDPOINT`` (``/v1/metrics`` is appended for HTTP); when it is
     None the exporter reads ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` (used as given) or
     ``OTEL_EXPORTER_OTLP_ENDPOINT`` itself. Any other protocol (``http/json``) is a ValueError,
-    as for tracing. The global provider is set only if ``set_global``.
+    as for tracing. The global provider is set only if ``set_global``. ``export_timeout``
+    (seconds) bounds each export, so an unreachable collector holds the final flush at exit
+    about that long, not the SDK's default of 10 s plus retries.
     """
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
@@ -162,7 +165,9 @@ def configure_metrics(
     name = service_name or os.environ.get("OTEL_SERVICE_NAME") or _DEFAULT_SERVICE_NAME
     if reader is None:
         reader = PeriodicExportingMetricReader(
-            _otlp_exporter(endpoint), export_interval_millis=export_interval_millis
+            _otlp_exporter(endpoint, export_timeout),
+            export_interval_millis=export_interval_millis,
+            export_timeout_millis=export_timeout * 1000,
         )
     provider = MeterProvider(
         resource=Resource.create({SERVICE_NAME: name}), metric_readers=[reader]
@@ -180,7 +185,7 @@ def _metrics_protocol() -> str:
     return value.strip().lower()
 
 
-def _otlp_exporter(endpoint: str | None) -> MetricExporter:
+def _otlp_exporter(endpoint: str | None, timeout: float) -> MetricExporter:
     """An OTLP metric exporter for the configured protocol (imported lazily: optional deps)."""
     protocol = _metrics_protocol()
     if protocol == "grpc":
@@ -188,7 +193,7 @@ def _otlp_exporter(endpoint: str | None) -> MetricExporter:
             OTLPMetricExporter as GrpcExporter,
         )
 
-        return GrpcExporter(endpoint=endpoint)
+        return GrpcExporter(endpoint=endpoint, timeout=timeout)
 
     if protocol not in ("http/protobuf", "http"):
         # Same rule as tracing (telemetry.otlp_span_exporter): refuse rather than silently
@@ -200,4 +205,4 @@ def _otlp_exporter(endpoint: str | None) -> MetricExporter:
 
     if endpoint is not None and not endpoint.rstrip("/").endswith(_HTTP_METRICS_PATH):
         endpoint = endpoint.rstrip("/") + _HTTP_METRICS_PATH
-    return HttpExporter(endpoint=endpoint)
+    return HttpExporter(endpoint=endpoint, timeout=timeout)

@@ -244,13 +244,19 @@ def test_endpoint_credentials_are_masked_in_what_the_commands_print(
 
 
 def test_a_failed_call_names_the_endpoint_without_credentials_or_query(wm: WireMock) -> None:
-    wm.stub_json("/nowhere", {"error": "key=sekrit-key is not a valid key"}, status=401)
-    endpoint = with_credentials(wm.url) + "/nowhere?key=sekrit-key"
+    wm.stub_json("/nowhere/rerank", {"error": "sekrit-pw is not valid"}, status=401)
+    endpoint = with_credentials(wm.url) + "/nowhere"
     result = invoke("rerank", "-q", "q", "--endpoint", endpoint, stdin=CANDIDATES)
     assert result.exit_code == 1
     assert "rerank failed" in flat(result.stderr)
     assert f"service at {wm.url.replace('://', '://***@', 1)}/nowhere up?" in flat(result.stderr)
     assert "sekrit" not in result.stdout + result.stderr
+    # A query string cannot carry a key (the provider's path is appended after it): refused.
+    query = invoke("rerank", "-q", "q", "--endpoint", wm.url + "/x?key=sekrit-key",
+                   stdin=CANDIDATES)  # fmt: skip
+    assert query.exit_code == 2
+    assert "query string" in flat(query.stderr)
+    assert "sekrit" not in query.stdout + query.stderr
     bad = invoke("rerank", "-q", "q", "--endpoint", "ftp://u:sekrit-pw@x/?key=sekrit-key",
                  stdin=CANDIDATES)  # fmt: skip
     assert bad.exit_code == 2
@@ -260,14 +266,14 @@ def test_a_failed_call_names_the_endpoint_without_credentials_or_query(wm: WireM
 def test_demo_repeat_failures_do_not_echo_the_endpoints_secrets(wm: WireMock) -> None:
     for state, next_state, status, body in (
         ("Started", "failing", 200, TEI_OUT_OF_ORDER),
-        ("failing", "failing", 401, {"error": "key=sekrit-key is not a valid key"}),
+        ("failing", "failing", 401, {"error": "sekrit-pw is not a valid key"}),
     ):
         wm.stub(
             {
                 "scenarioName": "repeat",
                 "requiredScenarioState": state,
                 "newScenarioState": next_state,
-                "request": {"method": "POST", "urlPath": "/rep"},
+                "request": {"method": "POST", "urlPath": "/rep/rerank"},
                 "response": {
                     "status": status,
                     "headers": {"Content-Type": "application/json"},
@@ -275,7 +281,7 @@ def test_demo_repeat_failures_do_not_echo_the_endpoints_secrets(wm: WireMock) ->
                 },
             }
         )
-    endpoint = with_credentials(wm.url) + "/rep?key=sekrit-key"
+    endpoint = with_credentials(wm.url) + "/rep"
     result = invoke(
         "demo", "--recall-k", "3", "--repeat", "2", "--interval", "0", "--endpoint", endpoint
     )

@@ -172,3 +172,9 @@ def test_illegal_api_key_header_is_refused_at_construction() -> None:
         with pytest.raises(ValueError, match="api_key_header must be an HTTP header name"):
             RerankClient("http://127.0.0.1:9", api_key="k", api_key_header=bad)
     RerankClient("http://127.0.0.1:9", api_key="k", api_key_header="X-Api-Key").close()
+
+
+def test_query_string_in_base_url_is_refused_without_echoing_it() -> None:
+    with pytest.raises(ValueError, match="query string") as caught:
+        RerankClient("http://127.0.0.1:9/api?key=s3cret")
+    assert "s3cret" not in str(caught.value)
