@@ -16,7 +16,9 @@ Variables (all optional):
                            (the [local] extra), which needs no endpoint
 ``RERANK_MODEL``           model name sent to APIs that take one and recorded on spans
 ``RERANK_API_KEY``         credential, sent in ``RERANK_API_KEY_HEADER``
-``RERANK_API_KEY_HEADER``  header for the key (default ``apikey``; ``Authorization`` sends
+``RERANK_API_KEY_HEADER``  header for the key (default: the provider's convention, ``apikey``
+                           for tei and sidecar (gateways), ``Authorization`` for the hosted
+                           APIs, vLLM and Infinity; ``Authorization`` sends
                            ``Bearer <key>``)
 ``RERANK_TIMEOUT``         seconds for a whole call, retries included (default 30)
 ``RERANK_BATCH_SIZE``      texts per request: a positive integer, ``auto`` (ask TEI's
@@ -143,7 +145,9 @@ def _api_key(value: Any) -> str | None:
 def _api_key_header(value: Any) -> str:
     if not isinstance(value, str):
         raise _Invalid(f"must be a str, got {type(value).__name__}")
-    header = value.strip() or "apikey"
+    header = value.strip()
+    if not header:
+        return ""  # unset: the provider's convention, resolved with the provider
     if not _HEADER_NAME.fullmatch(header):
         raise _Invalid("must be an HTTP header name")
     return header
@@ -209,7 +213,7 @@ class RerankSettings:
     provider: str = "tei"
     model: str | None = None
     api_key: str | None = None
-    api_key_header: str = "apikey"
+    api_key_header: str = ""
     timeout: float = 30.0
     batch_size: BatchSize = None
 
@@ -221,6 +225,9 @@ class RerankSettings:
             except _Invalid as exc:
                 raise ValueError(f"RerankSettings.{name} {exc}") from None
             object.__setattr__(self, name, value)
+        if not self.api_key_header:  # unset: the provider's convention
+            fmt = PROVIDERS.get(self.provider)
+            object.__setattr__(self, "api_key_header", fmt.auth_header if fmt else "apikey")
         if self.provider == LOCAL and self.endpoint:
             raise ValueError(
                 "RerankSettings.endpoint must be empty with provider 'local' "

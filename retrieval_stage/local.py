@@ -103,6 +103,17 @@ class CrossEncoderReranker:
     def __repr__(self) -> str:
         return f"CrossEncoderReranker(model={self.model!r}, device={self.device!r})"
 
+    def close(self) -> None:
+        """Drop the loaded model, so its memory can be freed; the next call loads it again."""
+        with self._lock:
+            self._encoder = None
+
+    def __enter__(self) -> CrossEncoderReranker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def load(self) -> None:
         """Load the model now (idempotent); `RerankError` says why it could not be loaded."""
         with self._lock:
@@ -174,6 +185,16 @@ class AsyncCrossEncoderReranker:
 
     def __repr__(self) -> str:
         return f"Async{self.sync!r}"
+
+    async def aclose(self) -> None:
+        """Drop the loaded model (see `CrossEncoderReranker.close`)."""
+        self.sync.close()
+
+    async def __aenter__(self) -> AsyncCrossEncoderReranker:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def rerank(
         self,

@@ -99,6 +99,10 @@ class WireFormat:
     extra: Mapping[str, Any] = field(default_factory=dict)
     usage: UsageReader = _no_usage
     id_mapped: bool = False
+    auth_header: str = "Authorization"
+    """The header the service's own auth expects (`Authorization: Bearer`), or ``apikey`` for
+    services usually reached through a gateway. Used by `config` when no header is set; the
+    client's own default stays ``apikey``."""
 
 
 PROVIDERS: Mapping[str, WireFormat] = {
@@ -109,6 +113,7 @@ PROVIDERS: Mapping[str, WireFormat] = {
         # reports the real one; batch_size="auto" reads it).
         WireFormat(
             name="tei",
+            auth_header="apikey",
             path="/rerank",
             texts_field="texts",
             results_key=None,
@@ -195,6 +200,7 @@ PROVIDERS: Mapping[str, WireFormat] = {
         # defaults to 128.
         WireFormat(
             name="sidecar",
+            auth_header="apikey",
             path="/rerank",
             texts_field="documents",
             results_key="scores",

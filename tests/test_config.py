@@ -308,6 +308,8 @@ def test_local_provider_needs_no_endpoint(monkeypatch: pytest.MonkeyPatch) -> No
     areranker = make_async_reranker(settings)
     assert isinstance(areranker, local.AsyncCrossEncoderReranker)
     assert areranker.sync.model == "/models/my-cross-encoder"
+    with make_reranker(settings) as same_shape:  # every factory result is a context manager
+        assert isinstance(same_shape, local.CrossEncoderReranker)
 
 
 def test_local_provider_defaults_to_the_ms_marco_cross_encoder(
@@ -345,3 +347,33 @@ def test_local_provider_with_an_endpoint_is_unreadable() -> None:
         RerankSettings.from_env(env, strict=True)
     with pytest.raises(ValueError, match="endpoint must be empty"):
         RerankSettings(endpoint="http://localhost:8080", provider="local")
+
+
+@pytest.mark.parametrize(
+    ("provider", "header"),
+    [("tei", "apikey"), ("sidecar", "apikey"), ("cohere", "Authorization"),
+     ("jina", "Authorization"), ("voyage", "Authorization"), ("mixedbread", "Authorization"),
+     ("vllm", "Authorization"), ("infinity", "Authorization")],
+)  # fmt: skip
+def test_unset_key_header_follows_the_providers_convention(provider: str, header: str) -> None:
+    env = {"RERANK_ENDPOINT": "https://api.example", "RERANK_PROVIDER": provider}
+    assert RerankSettings.from_env(env).api_key_header == header
+    env["RERANK_API_KEY_HEADER"] = "X-Gateway-Key"
+    assert RerankSettings.from_env(env).api_key_header == "X-Gateway-Key"
+
+
+def test_hosted_provider_key_is_sent_as_a_bearer_token(wm: WireMock) -> None:
+    wm.stub_json("/cohere-auth/v2/rerank", {"id": "x", "results": [
+        {"index": 0, "relevance_score": 0.5}], "meta": {}})  # fmt: skip
+    env = {
+        "RERANK_ENDPOINT": wm.url + "/cohere-auth",
+        "RERANK_PROVIDER": "cohere",
+        "RERANK_MODEL": "rerank-v3.5",
+        "RERANK_API_KEY": "co-key",
+    }
+    with make_reranker(RerankSettings.from_env(env)) as reranker:
+        reranker.rerank("q", ["a"])
+    (request,) = wm.requests("/cohere-auth/v2/rerank")
+    headers = {k.lower(): v for k, v in request["headers"].items()}
+    assert headers["authorization"] == "Bearer co-key"
+    assert "apikey" not in headers
