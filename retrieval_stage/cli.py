@@ -128,12 +128,14 @@ ApiKey = Annotated[
     ),
 ]
 ApiKeyHeader = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--api-key-header",
         envvar="RERANK_API_KEY_HEADER",
-        help="Header that carries the key; 'Authorization' sends 'Bearer <key>' (Cohere, "
-        "Jina, Voyage and TEI's own --api-key want that).",
+        help="Header that carries the key; 'Authorization' sends 'Bearer <key>'. Default: the "
+        "provider's convention, 'Authorization' for the hosted APIs, vLLM and Infinity, "
+        "'apikey' (the gateway convention) for tei and sidecar.",
+        show_default=False,
     ),
 ]
 Timeout = Annotated[
@@ -313,7 +315,7 @@ def choose_reranker(
     api_key: str | None,
     timeout: float,
     choice: RerankerChoice,
-    api_key_header: str = "apikey",
+    api_key_header: str | None = None,
 ) -> Chosen:
     """An HTTP client for `endpoint`; else the local cross-encoder or the lexical fallback."""
     if endpoint:
@@ -327,7 +329,7 @@ def choose_reranker(
                 provider=provider,
                 model=model,
                 api_key=api_key,
-                api_key_header=api_key_header,
+                api_key_header=api_key_header or PROVIDERS[provider].auth_header,
                 timeout=timeout,
             )
         except (TypeError, ValueError) as exc:
@@ -569,7 +571,7 @@ def _session(
     provider: str,
     model: str | None,
     api_key: str | None,
-    api_key_header: str,
+    api_key_header: str | None,
     timeout: float,
     choice: RerankerChoice,
 ) -> Iterator[tuple[Chosen, Tracing]]:
@@ -811,7 +813,7 @@ def demo(
     provider: Provider = "tei",
     model: Model = None,
     api_key: ApiKey = None,
-    api_key_header: ApiKeyHeader = "apikey",
+    api_key_header: ApiKeyHeader = None,
     timeout: Timeout = 30.0,
     reranker: RerankerOpt = RerankerChoice.auto,
     trace_file: TraceFile = None,
@@ -941,7 +943,7 @@ def rerank(
     provider: Provider = "tei",
     model: Model = None,
     api_key: ApiKey = None,
-    api_key_header: ApiKeyHeader = "apikey",
+    api_key_header: ApiKeyHeader = None,
     timeout: Timeout = 30.0,
     reranker: RerankerOpt = RerankerChoice.auto,
     trace_file: TraceFile = None,
@@ -1074,7 +1076,7 @@ def eval_(
     provider: Provider = "tei",
     model: Model = None,
     api_key: ApiKey = None,
-    api_key_header: ApiKeyHeader = "apikey",
+    api_key_header: ApiKeyHeader = None,
     timeout: Timeout = 30.0,
     reranker: RerankerOpt = RerankerChoice.auto,
     trace_file: TraceFile = None,

@@ -762,3 +762,19 @@ def test_help_explains_each_option(command: str, options: list[str]) -> None:
     if command == "demo":  # and so does demo's docstring
         assert "with the [local] extra" in flat(result.stdout)
     assert "\\[" not in result.stdout
+
+
+def test_a_hosted_providers_key_goes_in_its_conventional_header(wm: WireMock) -> None:
+    wm.stub_json(
+        "/co/v2/rerank",
+        {"id": "r", "results": [{"index": 0, "relevance_score": 0.9}], "meta": {}},
+    )
+    result = invoke(
+        "rerank", "-q", "q", "--endpoint", wm.url + "/co", "--provider", "cohere",
+        "--model", "rerank-v3.5", stdin='{"id": "a", "text": "x"}\n', RERANK_API_KEY="co-key",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    (request,) = wm.requests("/co/v2/rerank")
+    headers = {k.lower(): v for k, v in request["headers"].items()}
+    assert headers["authorization"] == "Bearer co-key"
+    assert "co-key" not in result.stdout + result.stderr
