@@ -444,6 +444,14 @@ class _ClientBase(Generic[H]):
         call.retries += 1
         return wait
 
+    def _begin(
+        self, query: str, items: Sequence[T], text: Callable[[T], str] | None, top_k: int | None
+    ) -> tuple[list[T], list[str], int | None, _Call]:
+        """Check and snapshot the arguments, then start the call's deadline (both clients)."""
+        kept, texts, cap = snapshot(query, items, text, top_k)
+        check_sendable(query, texts)
+        return kept, texts, cap, _Call(Deadline(self.timeout, self._clock))
+
     def _deadline_error(self, call: _Call) -> RerankTransportError:
         return RerankTransportError(
             f"deadline of {self.timeout:g}s for the call ran out after {call.requests} request(s)"
@@ -526,9 +534,7 @@ class RerankClient(_ClientBase[httpx.Client]):
         top_k: int | None = None,
     ) -> RerankResponse[T]:
         """Like `rerank`, with usage, model and request counts."""
-        kept, texts, cap = snapshot(query, items, text, top_k)
-        check_sendable(query, texts)
-        call = _Call(Deadline(self.timeout, self._clock))
+        kept, texts, cap, call = self._begin(query, items, text, top_k)
         if not texts:
             return self._finish(kept, call, [], cap)
         if self._auto_batch:
@@ -659,9 +665,7 @@ class AsyncRerankClient(_ClientBase[httpx.AsyncClient]):
         top_k: int | None = None,
     ) -> RerankResponse[T]:
         """Like `rerank`, with usage, model and request counts."""
-        kept, texts, cap = snapshot(query, items, text, top_k)
-        check_sendable(query, texts)
-        call = _Call(Deadline(self.timeout, self._clock))
+        kept, texts, cap, call = self._begin(query, items, text, top_k)
         if not texts:
             return self._finish(kept, call, [], cap)
         if self._auto_batch:
