@@ -778,3 +778,22 @@ def test_a_hosted_providers_key_goes_in_its_conventional_header(wm: WireMock) ->
     headers = {k.lower(): v for k, v in request["headers"].items()}
     assert headers["authorization"] == "Bearer co-key"
     assert "co-key" not in result.stdout + result.stderr
+
+
+def test_the_console_script_without_the_cli_extra_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib.util
+
+    import retrieval_stage.cli as entry
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "typer" else real(name, *a)
+    )
+    with pytest.raises(SystemExit) as exited:
+        entry.main()
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "pip install 'retrieval-stage[cli]'" in err

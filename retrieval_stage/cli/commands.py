@@ -34,9 +34,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .errors import RerankError
-from .models import Candidate
-from .providers import PROVIDERS
+from ..errors import RerankError
+from ..models import Candidate
+from ..providers import PROVIDERS
 
 __all__ = ["app", "main"]
 
@@ -202,7 +202,7 @@ def shown_url(url: str) -> str:
     An endpoint may carry a credential in either place (``?key=...`` for some gateways); what
     is printed lands in terminals, CI logs and bug reports.
     """
-    from .client import masked_url
+    from ..client import masked_url
 
     masked = str(masked_url(url))
     return masked.split("#", 1)[0].split("?", 1)[0]
@@ -238,7 +238,7 @@ class Chosen:
 
 
 def _lexical(reason: str | None = None) -> Chosen:
-    from .local import DEFAULT_LOCAL_MODEL, INSTALL_HINT, LexicalReranker, local_available
+    from ..local import DEFAULT_LOCAL_MODEL, INSTALL_HINT, LexicalReranker, local_available
 
     why = f"{reason}. " if reason else ""
     if local_available():  # the extra is there: only the model is missing
@@ -271,7 +271,7 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
 
 def _local(model: str | None, choice: RerankerChoice) -> Chosen:
     """The cross-encoder, loaded now; under 'auto' any reason it cannot load means lexical."""
-    from .local import (
+    from ..local import (
         DEFAULT_LOCAL_MODEL,
         INSTALL_HINT,
         CrossEncoderReranker,
@@ -321,7 +321,7 @@ def choose_reranker(
     if endpoint:
         if choice is not RerankerChoice.auto:
             _fail(EXIT_USAGE, f"--reranker {choice.value} cannot be combined with --endpoint")
-        from .client import RerankClient
+        from ..client import RerankClient
 
         try:
             client = RerankClient(
@@ -439,7 +439,7 @@ class Tracing:
 
     def stage(self, chosen: Chosen, top_k: int | None) -> Any:
         """The command's `RerankStage`: traced and metered here; errors raise (exit code 1)."""
-        from .stage import RerankStage
+        from ..stage import RerankStage
 
         return RerankStage(
             chosen.reranker,
@@ -475,13 +475,13 @@ def start_tracing(trace_file: Path | None) -> Tracing:
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from .telemetry import (
+    from ..telemetry import (
         DEFAULT_SERVICE_NAME,
         DEFAULT_SPAN_ATTRIBUTE_LIMIT,
         configure_tracing,
         otlp_span_exporter,
     )
-    from .trace_file import OtlpJsonLinesExporter
+    from ..trace_file import OtlpJsonLinesExporter
 
     destinations: list[Destination] = []
     otlp = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
@@ -530,7 +530,7 @@ def _start_metrics() -> Any:
         or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     ):
         return None
-    from .metrics import configure_metrics
+    from ..metrics import configure_metrics
 
     try:
         return configure_metrics()
@@ -546,7 +546,7 @@ def _logging(level: str, endpoint: str | None = None) -> None:
     logged error can quote a service that echoed the request URL."""
     import structlog
 
-    from .telemetry import configure_logging
+    from ..telemetry import configure_logging
 
     try:
         configure_logging(level, stream=sys.stderr, json=not sys.stderr.isatty())
@@ -637,7 +637,7 @@ def parse_candidates(lines: Sequence[str]) -> tuple[list[Candidate], list[LineEr
 
 def _parse_line(raw: str) -> tuple[str | None, Candidate | None]:
     """(problem, None) or (None, candidate): the same checks as ``eval --candidates``."""
-    from .evaluation import candidate_fields, json_object
+    from ..evaluation import candidate_fields, json_object
 
     try:
         ident, text, score, metadata = candidate_fields(json_object(raw))
@@ -840,9 +840,9 @@ def demo(
     if not query.strip():
         _fail(EXIT_USAGE, "the query must not be empty")
     _check_text(query, "the query")
-    from .corpus import load_corpus
-    from .pipeline import Pipeline
-    from .recall import BM25Recall
+    from ..corpus import load_corpus
+    from ..pipeline import Pipeline
+    from ..recall import BM25Recall
 
     documents = load_corpus() if corpus is None else _read_candidates(str(corpus), "--corpus")
     if not documents:
@@ -893,8 +893,8 @@ def _repeat(pipeline: Any, chosen: Chosen, query: str, runs: int, interval: floa
     import itertools
     import time
 
-    from .corpus import data_path
-    from .evaluation import read_queries
+    from ..corpus import data_path
+    from ..evaluation import read_queries
 
     queries = [*read_queries(data_path("example/queries.tsv")).values(), query]
     err = _err()
@@ -963,8 +963,8 @@ def rerank(
     if not candidates:
         _note(err, "no candidates on the input: nothing to rerank")
         return
-    from .pipeline import compare_ranks
-    from .stage import recall_order
+    from ..pipeline import compare_ranks
+    from ..stage import recall_order
 
     # Recall order in: rerankers keep tied scores in input order, and ties must mean "no
     # change" against recall_rank, not a move back to the order of the lines.
@@ -1089,8 +1089,8 @@ def eval_(
     --queries/--qrels/--candidates it runs the bundled example: 24 questions about the
     standard library with BM25's top 50 as candidates.
     """
-    from .corpus import EXAMPLE_CANDIDATES, EXAMPLE_QRELS, EXAMPLE_QUERIES, data_path, load_corpus
-    from .evaluation import EvalInputError, evaluate, read_candidates, read_qrels, read_queries
+    from ..corpus import EXAMPLE_CANDIDATES, EXAMPLE_QRELS, EXAMPLE_QUERIES, data_path, load_corpus
+    from ..evaluation import EvalInputError, evaluate, read_candidates, read_qrels, read_queries
 
     given = [queries, qrels, candidates]
     if any(given) and not all(given):
