@@ -27,18 +27,17 @@ Variables (all optional):
 
 from __future__ import annotations
 
-import math
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias, TypeVar
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import validate
 from ._log import get_logger
 from .client import AsyncRerankClient, RerankClient, masked_url
 from .null import AsyncNullReranker, NullReranker
 from .providers import PROVIDERS
+from .validate import BatchSize, InvalidSetting
 
 __all__ = [
     "ENV_KEYS",
@@ -49,7 +48,6 @@ __all__ = [
 
 log = get_logger("retrieval_stage.config")
 
-BatchSize: TypeAlias = int | Literal["auto"] | None
 _L = TypeVar("_L")
 
 if TYPE_CHECKING:
@@ -63,8 +61,10 @@ API_KEY_HEADER = "RERANK_API_KEY_HEADER"
 TIMEOUT = "RERANK_TIMEOUT"
 BATCH_SIZE = "RERANK_BATCH_SIZE"
 
-LOCAL = "local"
+LOCAL = validate.LOCAL_PROVIDER
 """The provider that runs a cross-encoder in process (the [local] extra); takes no endpoint."""
+
+_KNOWN_PROVIDERS = (*PROVIDERS, LOCAL)
 
 ENV_KEYS = (ENDPOINT, PROVIDER, MODEL, API_KEY, API_KEY_HEADER, TIMEOUT, BATCH_SIZE)
 """Every environment variable `RerankSettings.from_env` reads."""
@@ -83,74 +83,45 @@ _SHOW_VALUE = frozenset({PROVIDER, API_KEY_HEADER, TIMEOUT, BATCH_SIZE})
 """Variables whose bad value may appear in a warning: never the key, never the endpoint (it
 may carry credentials in its userinfo)."""
 
-_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-"""An HTTP header name (RFC 9110 token)."""
-
-_KEY_VALUE = re.compile(r"[\x21-\x7e]+")
-"""What httpx can send as a header value without failing at request time: visible ASCII."""
-
-
-class _Invalid(Exception):
-    """A value that cannot be used; the message says why without repeating the value."""
-
-
 # -- one check per field, shared by the dataclass and the environment reader -------------------
+# Text from the environment (or a str given to the dataclass) is normalised here (stripped,
+# numbers parsed; empty means "not set"); the rule for each value is `validate`'s, the same
+# the clients and the CLI apply.
+
+
+def _text(value: Any, field: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidSetting(field, f"must be a str, got {type(value).__name__}")
+    return value.strip()
 
 
 def _endpoint(value: Any) -> str:
-    if not isinstance(value, str):
-        raise _Invalid(f"must be a str, got {type(value).__name__}")
-    url = value.strip()
-    if not url:
-        return ""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise _Invalid(f"must be an http(s) URL, got scheme {parts.scheme or 'none'!r}")
-    if not parts.hostname or any(c.isspace() for c in url):
-        raise _Invalid("must be an http(s) URL with a host and no spaces")
-    return url
+    url = _text(value, "endpoint")
+    return validate.endpoint(url) if url else ""
 
 
 def _provider(value: Any) -> str:
-    if not isinstance(value, str):
-        raise _Invalid(f"must be a str, got {type(value).__name__}")
-    name = value.strip().lower() or "tei"
-    if name not in PROVIDERS and name != LOCAL:
-        known = ", ".join(sorted([*PROVIDERS, LOCAL]))
-        raise _Invalid(f"unknown provider; known: {known}")
-    return name
+    return validate.provider(value, _KNOWN_PROVIDERS)
 
 
 def _model(value: Any) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
-        raise _Invalid(f"must be a str or None, got {type(value).__name__}")
+        raise InvalidSetting("model", f"must be a str or None, got {type(value).__name__}")
     return value.strip() or None
 
 
 def _api_key(value: Any) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise _Invalid(f"must be a str or None, got {type(value).__name__}")
-    key = value.strip()
-    if not key:
-        return None
-    if not _KEY_VALUE.fullmatch(key):
-        raise _Invalid("must be printable ASCII without spaces or control characters")
-    return key
+    if isinstance(value, str):
+        value = value.strip() or None  # empty: no key; a newline from a secrets file goes
+    return validate.api_key(value)
 
 
 def _api_key_header(value: Any) -> str:
-    if not isinstance(value, str):
-        raise _Invalid(f"must be a str, got {type(value).__name__}")
-    header = value.strip()
-    if not header:
-        return ""  # unset: the provider's convention, resolved with the provider
-    if not _HEADER_NAME.fullmatch(header):
-        raise _Invalid("must be an HTTP header name")
-    return header
+    header = _text(value, "api_key_header")
+    # Unset: the provider's convention, resolved with the provider.
+    return validate.header_name(header) if header else ""
 
 
 def _timeout(value: Any) -> float:
@@ -161,12 +132,8 @@ def _timeout(value: Any) -> float:
         try:
             value = float(text)
         except ValueError:
-            raise _Invalid("must be a number of seconds") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Invalid(f"must be a number of seconds, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise _Invalid("must be a finite number of seconds > 0")
-    return float(value)
+            raise InvalidSetting("timeout", "must be a number of seconds") from None
+    return validate.timeout(value)
 
 
 def _batch_size(value: Any) -> BatchSize:
@@ -174,19 +141,16 @@ def _batch_size(value: Any) -> BatchSize:
         text = value.strip().lower()
         if not text:
             return None
-        if text == "auto":
-            return "auto"
-        try:
-            value = int(text)
-        except ValueError:
-            raise _Invalid("must be a positive integer, 'auto' or empty") from None
-    if value is None:
-        return None
-    if value == "auto":
-        return "auto"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _Invalid("must be a positive integer, 'auto' or empty")
-    return value
+        if text != "auto":
+            try:
+                value = int(text)
+            except ValueError:
+                raise InvalidSetting(
+                    "batch_size", "must be a positive integer, 'auto' or empty"
+                ) from None
+        else:
+            value = "auto"
+    return validate.batch_size(value)
 
 
 _CHECKS: dict[str, Callable[[Any], Any]] = {
@@ -205,7 +169,8 @@ class RerankSettings:
     """How to reach the rerank service; an empty `endpoint` means reranking is off.
 
     Values are checked (and strings normalised: stripped, provider lower-cased) on
-    construction; a value that cannot be used raises `ValueError` naming the field.
+    construction with `validate`'s rules; a value that cannot be used raises
+    `validate.InvalidSetting` (a `ValueError`) whose ``field`` names it.
     `from_env` builds one from ``RERANK_*`` variables.
     """
 
@@ -222,16 +187,17 @@ class RerankSettings:
             name = _FIELD_OF[key]
             try:
                 value = check(getattr(self, name))
-            except _Invalid as exc:
-                raise ValueError(f"RerankSettings.{name} {exc}") from None
+            except InvalidSetting as exc:
+                raise validate.relabelled(exc, f"RerankSettings.{name}") from None
             object.__setattr__(self, name, value)
         if not self.api_key_header:  # unset: the provider's convention
             fmt = PROVIDERS.get(self.provider)
             object.__setattr__(self, "api_key_header", fmt.auth_header if fmt else "apikey")
         if self.provider == LOCAL and self.endpoint:
-            raise ValueError(
-                "RerankSettings.endpoint must be empty with provider 'local' "
-                "(the model runs in process)"
+            raise InvalidSetting(
+                "endpoint",
+                "must be empty with provider 'local' (the model runs in process)",
+                "RerankSettings.endpoint",
             )
 
     def __repr__(self) -> str:
@@ -278,8 +244,8 @@ class RerankSettings:
             raw = environ.get(key, "")
             try:
                 values[_FIELD_OF[key]] = check(raw)
-            except _Invalid as exc:
-                problems.append((key, str(exc)))
+            except InvalidSetting as exc:
+                problems.append((key, exc.reason))
         if local and values.get("endpoint"):
             problems.append((ENDPOINT, "must be empty with RERANK_PROVIDER=local"))
         if not problems:
@@ -288,7 +254,7 @@ class RerankSettings:
         if strict:
             others = ", ".join(k for k, _ in problems[1:])
             more = f" (also invalid: {others})" if others else ""
-            raise ValueError(f"{key} {reason}{more}")
+            raise InvalidSetting(_FIELD_OF[key], reason + more, key)
         fields: dict[str, Any] = {"key": key, "reason": reason, "fallback": "NullReranker"}
         if key in _SHOW_VALUE:
             fields["value"] = environ.get(key, "")[:60]
@@ -349,7 +315,7 @@ def _local(factory: Callable[..., _L], settings: RerankSettings, strict: bool) -
     except ImportError:
         reason = f"needs sentence-transformers: {INSTALL_HINT}"
         if strict:
-            raise ValueError(f"{PROVIDER}=local {reason}") from None
+            raise InvalidSetting("provider", reason, f"{PROVIDER}=local") from None
         log.warning(
             "rerank.config_invalid",
             key=PROVIDER,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from retrieval_stage import AsyncRerankClient, NullReranker, RerankClient
+from retrieval_stage import AsyncRerankClient, NullReranker, RerankClient, validate
 from retrieval_stage.config import ENV_KEYS, RerankSettings, make_async_reranker, make_reranker
 from retrieval_stage.null import AsyncNullReranker
 
@@ -149,7 +149,7 @@ BAD = [
     ("RERANK_TIMEOUT", "-1", "must be a finite number of seconds > 0"),
     ("RERANK_TIMEOUT", "nan", "must be a finite number of seconds > 0"),
     ("RERANK_TIMEOUT", "inf", "must be a finite number of seconds > 0"),
-    ("RERANK_PROVIDER", "openai", "unknown provider; known: cohere, infinity, jina, "),
+    ("RERANK_PROVIDER", "openai", "'openai' is not one of: tei, cohere, jina, "),
     ("RERANK_ENDPOINT", "localhost:8080", "must be an http(s) URL, got scheme 'localhost'"),
     ("RERANK_ENDPOINT", "ftp://files.example.com", "must be an http(s) URL, got scheme 'ftp'"),
     ("RERANK_ENDPOINT", "http://", "must be an http(s) URL with a host and no spaces"),
@@ -159,8 +159,9 @@ BAD = [
     ("RERANK_BATCH_SIZE", "1.5", "must be a positive integer, 'auto' or empty"),
     ("RERANK_BATCH_SIZE", "lots", "must be a positive integer, 'auto' or empty"),
     ("RERANK_API_KEY_HEADER", "x api key", "must be an HTTP header name"),
-    ("RERANK_API_KEY", "sk-live 8c1e2f0a", "must be printable ASCII without spaces"),
-    ("RERANK_API_KEY", "sk-live-\u00e9t\u00e9", "must be printable ASCII without spaces"),
+    ("RERANK_API_KEY", "sk-live\t8c1e2f0a", "must not contain control characters"),
+    ("RERANK_API_KEY", "sk-live\x1b8c1e2f0a", "must not contain control characters"),
+    ("RERANK_API_KEY", "sk-live-\u00e9t\u00e9", "must be ASCII text"),
 ]
 by_bad_value = pytest.mark.parametrize(("key", "value", "reason"), BAD, ids=lambda v: str(v))
 
@@ -228,7 +229,7 @@ def test_several_bad_values_still_give_one_warning_listing_them_all() -> None:
         "RERANK_ENDPOINT": "http://tei:8080",
         "RERANK_PROVIDER": "bogus",
         "RERANK_TIMEOUT": "x",
-        "RERANK_API_KEY": "bad key " + SECRET,
+        "RERANK_API_KEY": "bad\tkey " + SECRET,
     }
     with capture_logs() as logs:
         settings = RerankSettings.from_env(env)
@@ -237,7 +238,7 @@ def test_several_bad_values_still_give_one_warning_listing_them_all() -> None:
     assert warning["key"] == "RERANK_PROVIDER"
     assert warning["invalid_keys"] == ["RERANK_PROVIDER", "RERANK_API_KEY", "RERANK_TIMEOUT"]
     assert SECRET not in repr(warning)
-    with pytest.raises(ValueError, match=r"^RERANK_PROVIDER unknown provider") as caught:
+    with pytest.raises(ValueError, match=r"^RERANK_PROVIDER 'bogus' is not one of") as caught:
         RerankSettings.from_env(env, strict=True)
     assert str(caught.value).endswith("(also invalid: RERANK_API_KEY, RERANK_TIMEOUT)")
     assert SECRET not in str(caught.value)
@@ -270,12 +271,13 @@ def test_settings_are_frozen() -> None:
     ("kwargs", "message"),
     [
         ({"endpoint": "tei:8080"}, "RerankSettings.endpoint must be an http(s) URL"),
-        ({"provider": "openai"}, "RerankSettings.provider unknown provider"),
+        ({"provider": "openai"}, "RerankSettings.provider 'openai' is not one of: tei"),
         ({"timeout": 0}, "RerankSettings.timeout must be a finite number of seconds > 0"),
         ({"timeout": True}, "RerankSettings.timeout must be a number of seconds, got bool"),
         ({"batch_size": 0}, "RerankSettings.batch_size must be a positive integer"),
         ({"batch_size": "many"}, "RerankSettings.batch_size must be a positive integer"),
-        ({"api_key": "has space"}, "RerankSettings.api_key must be printable ASCII"),
+        ({"api_key": "has\nnewline"}, "RerankSettings.api_key must not contain control"),
+        ({"api_key": "caf\u00e9"}, "RerankSettings.api_key must be ASCII text"),
         ({"api_key_header": "bad header"}, "RerankSettings.api_key_header must be an HTTP"),
     ],
 )
@@ -377,3 +379,62 @@ def test_hosted_provider_key_is_sent_as_a_bearer_token(wm: WireMock) -> None:
     headers = {k.lower(): v for k, v in request["headers"].items()}
     assert headers["authorization"] == "Bearer co-key"
     assert "apikey" not in headers
+
+
+# -- one rule per value --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["sk live 8c1e2f0a", "Token abc def", "k"])
+def test_a_key_with_inner_spaces_is_accepted_by_every_entry(key: str) -> None:
+    """A header value may contain spaces: the settings, the environment and the client agree."""
+    assert validate.api_key(key) == key
+    assert RerankSettings("http://tei:8080", api_key=key).api_key == key
+    env = {"RERANK_ENDPOINT": "http://tei:8080", "RERANK_API_KEY": key}
+    with capture_logs() as logs, make_reranker(RerankSettings.from_env(env)) as reranker:
+        assert isinstance(reranker, RerankClient)
+    assert logs == []
+    RerankClient("http://tei:8080", api_key=key).close()
+
+
+@pytest.mark.parametrize("key", ["a\nb", "a\rb", "tab\tkey", "bell\x07", "caf\u00e9", " lead"])
+def test_a_key_that_cannot_be_sent_is_refused_by_the_rule_and_the_client(key: str) -> None:
+    with pytest.raises(validate.InvalidSetting) as caught:
+        validate.api_key(key)
+    assert caught.value.field == "api_key"
+    assert key.strip() not in str(caught.value)
+    with pytest.raises(ValueError, match="api_key"):
+        RerankClient("http://tei:8080", api_key=key)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"timeout": 0}, "timeout"),
+        ({"endpoint": "ftp://x"}, "endpoint"),
+        ({"endpoint": "http://x/?key=1"}, "endpoint"),
+        ({"api_key_header": "a b"}, "api_key_header"),
+        ({"batch_size": -1}, "batch_size"),
+        ({"provider": "nope"}, "provider"),
+        ({"api_key": "a\nb"}, "api_key"),
+    ],
+)
+def test_a_refused_setting_names_its_field_in_an_attribute(
+    kwargs: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(validate.InvalidSetting) as caught:
+        RerankSettings(**kwargs)
+    assert caught.value.field == field
+    env = {"RERANK_ENDPOINT": "http://tei:8080"}
+    env.update({f"RERANK_{k.upper()}": str(v) for k, v in kwargs.items()})
+    with pytest.raises(validate.InvalidSetting) as from_env:
+        RerankSettings.from_env(env, strict=True)
+    assert from_env.value.field == field
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, None), (0, None), (3, 3)])
+def test_top_k_rule(value: int | None, expected: int | None) -> None:
+    assert validate.top_k(value) == expected
+    for bad in (-1, True, 1.5, "3"):
+        with pytest.raises(validate.InvalidSetting) as caught:
+            validate.top_k(bad)
+        assert caught.value.field == "top_k"

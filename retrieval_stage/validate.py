@@ -1,0 +1,175 @@
+"""One rule per setting, checked once where the value enters the library.
+
+`RerankSettings` (and through it the CLI and the environment) and the clients apply these
+functions, so a value accepted in one place is accepted everywhere. A refusal raises
+`InvalidSetting`, a `ValueError` whose `field` names the setting, so callers (the CLI maps it to
+an option, ``config`` to a variable) never parse the message. Messages never repeat an API key
+or an endpoint (either may carry a credential).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal, TypeAlias
+from urllib.parse import urlsplit
+
+__all__ = [
+    "BatchSize",
+    "InvalidSetting",
+    "api_key",
+    "batch_size",
+    "endpoint",
+    "finite_number",
+    "header_name",
+    "provider",
+    "relabelled",
+    "timeout",
+    "top_k",
+]
+
+BatchSize: TypeAlias = int | Literal["auto"] | None
+
+LOCAL_PROVIDER = "local"
+"""The provider that runs a model in process (the [local] extra); it takes no endpoint."""
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""An HTTP header field name (RFC 9110 token)."""
+
+_UNSENDABLE = re.compile(r"[\x00-\x1f\x7f]")
+"""Control characters (CR and LF among them): they would end or corrupt the header line."""
+
+
+class InvalidSetting(ValueError):
+    """A setting that cannot be used. `field` names it (``api_key``, ``timeout``...), `reason`
+    says why without repeating the value; ``str()`` is ``"<label> <reason>"``, where `label`
+    (default: `field`) is the name the user gave it (``RERANK_TIMEOUT``, ``--timeout``)."""
+
+    def __init__(self, field: str, reason: str, label: str | None = None) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"{label or field} {reason}")
+
+
+def finite_number(value: Any, field: str, *, positive: bool = False, noun: str = "number") -> float:
+    """`value` as a float: an int or float, not a bool, finite (and > 0 when `positive`).
+
+    `noun` names what the number is in messages (``number of seconds``).
+    """
+    bound = " > 0" if positive else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidSetting(field, f"must be a {noun}, got {type(value).__name__}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        number = math.inf
+    if not math.isfinite(number) or (positive and number <= 0):
+        raise InvalidSetting(field, f"must be a finite {noun}{bound}")
+    return number
+
+
+def api_key(value: Any, field: str = "api_key") -> str | None:
+    """An API key that can be sent as a header value; None means no key.
+
+    A header value may contain spaces, so a key may; what cannot be sent is refused: an empty
+    key, surrounding whitespace (HTTP strips it; a trailing newline from a secrets file is the
+    usual cause), control characters (CR/LF would split the header) and non-ASCII characters
+    (httpx encodes a str header value as ASCII, so such a key would fail at request time).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidSetting(field, f"must be a str or None, got {type(value).__name__}")
+    if not value:
+        raise InvalidSetting(field, "must not be empty (pass None for no key)")
+    if value != value.strip():
+        raise InvalidSetting(
+            field,
+            "must not start or end with whitespace (a trailing newline from a file?)",
+        )
+    if _UNSENDABLE.search(value):
+        raise InvalidSetting(field, "must not contain control characters (CR, LF, tab...)")
+    if not value.isascii():
+        raise InvalidSetting(
+            field,
+            "must be ASCII text (an HTTP header value sent by httpx cannot carry more)",
+        )
+    return value
+
+
+def header_name(value: Any, field: str = "api_key_header") -> str:
+    """An HTTP header name (an RFC 9110 token such as ``apikey`` or ``Authorization``)."""
+    if not isinstance(value, str):
+        raise InvalidSetting(field, f"must be a str, got {type(value).__name__}")
+    if not _HEADER_NAME.fullmatch(value):
+        raise InvalidSetting(field, "must be an HTTP header name (letters, digits, - and _...)")
+    return value
+
+
+def endpoint(value: Any, field: str = "endpoint") -> str:
+    """A rerank service's base URL: http(s), a host, no spaces, no query string or fragment
+    (the provider's path is appended to it)."""
+    if not isinstance(value, str):
+        raise InvalidSetting(field, f"must be a str, got {type(value).__name__}")
+    url = value.strip()
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        raise InvalidSetting(field, "must be an http(s) URL (it cannot be parsed)") from None
+    if parts.scheme not in ("http", "https"):
+        raise InvalidSetting(
+            field, f"must be an http(s) URL, got scheme {parts.scheme or 'none'!r}"
+        )
+    if not host or any(c.isspace() for c in url):
+        raise InvalidSetting(field, "must be an http(s) URL with a host and no spaces")
+    if "?" in url or "#" in url:
+        raise InvalidSetting(
+            field,
+            "must not have a query string or fragment (the provider's path is appended to it; "
+            "pass a key as the API key)",
+        )
+    return url
+
+
+def provider(value: Any, known: Any, field: str = "provider") -> str:
+    """A provider name among `known` (the wire formats, and ``local`` where allowed), or
+    empty for ``tei``; returned lower-cased."""
+    if not isinstance(value, str):
+        raise InvalidSetting(field, f"must be a str, got {type(value).__name__}")
+    name = value.strip().lower() or "tei"
+    if name not in known:
+        raise InvalidSetting(field, f"{value!r} is not one of: {', '.join(known)}")
+    return name
+
+
+def timeout(value: Any, field: str = "timeout") -> float:
+    """Seconds for a whole call, retries included: a finite number > 0."""
+    return finite_number(value, field, positive=True, noun="number of seconds")
+
+
+def batch_size(value: Any, field: str = "batch_size") -> BatchSize:
+    """Texts per request: a positive int, ``"auto"`` (ask the server), or None (the
+    provider's documented cap)."""
+    if value is None or value == "auto":
+        return value  # type: ignore[no-any-return]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidSetting(field, "must be a positive integer, 'auto' or empty")
+    return value
+
+
+def top_k(value: Any, field: str = "top_k") -> int | None:
+    """How many results to keep: None or 0 mean all, a positive int caps."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSetting(field, f"must be an int >= 0 or None, got {type(value).__name__}")
+    if value < 0:
+        raise InvalidSetting(field, f"must be >= 0 (0 means all), got {value}")
+    return value or None
+
+
+def relabelled(exc: InvalidSetting, label: str) -> InvalidSetting:
+    """`exc` with its message naming the setting as the user gave it (``RERANK_TIMEOUT``)."""
+    return InvalidSetting(exc.field, exc.reason, label)
