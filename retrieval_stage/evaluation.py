@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .models import Candidate
-from .stage import RerankStage, recall_order
+from .models import Candidate, recall_order
+from .stage import RerankStage
 
 __all__ = [
     "DEFAULT_RESAMPLES",

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Candidate", "RerankResponse", "Reranked", "Usage"]
+__all__ = ["Candidate", "RerankResponse", "Reranked", "Usage", "recall_order"]
 
 T = TypeVar("T")
 
@@ -52,6 +52,17 @@ class Candidate:
                 f"Candidate.score must be a finite number or None, got {self.score!r} "
                 f"(id={self.id!r})"
             )
+
+
+def recall_order(candidates: Sequence[Candidate]) -> list[int]:
+    """Input positions ordered by recall score, best first; stable; missing scores last.
+
+    The order the stage falls back to, and the "before" of every comparison of rankings.
+    """
+    return sorted(
+        range(len(candidates)),
+        key=lambda i: (candidates[i].score is None, -(candidates[i].score or 0.0), i),
+    )
 
 
 @dataclass(frozen=True, slots=True)

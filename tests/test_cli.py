@@ -797,3 +797,85 @@ def test_the_console_script_without_the_cli_extra_says_how_to_install_it(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "pip install 'retrieval-stage[cli]'" in err
+
+
+# -- one configuration path ------------------------------------------------------------------
+
+
+def test_rerank_batch_size_from_the_environment_splits_the_requests(wm: WireMock) -> None:
+    wm.stub_json("/bs/rerank", [{"index": 0, "score": 0.5}])
+    result = invoke(
+        "rerank", "-q", "q", "--endpoint", wm.url + "/bs", stdin=CANDIDATES, RERANK_BATCH_SIZE="1"
+    )
+    assert result.exit_code == 0, result.stderr
+    sent = wm.requests("/bs/rerank")
+    assert [len(json.loads(r["body"])["texts"]) for r in sent] == [1, 1, 1]
+    assert len(jsonl(result.stdout)) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--batch-size", "0"], {}, "--batch-size: must be a positive integer"),
+        ([], {"RERANK_BATCH_SIZE": "lots"}, "--batch-size: must be a positive integer"),
+        (["--api-key", "a\tb"], {}, "--api-key: must not contain control characters"),
+        (["--provider", "local"], {}, "--endpoint: must be empty with provider 'local'"),
+    ],
+)
+def test_settings_are_checked_by_config_and_name_the_option(
+    wm: WireMock, args: list[str], env: dict[str, str], named: str
+) -> None:
+    result = invoke("rerank", "-q", "q", "--endpoint", wm.url + "/n", *args, stdin=CANDIDATES,
+                    **env)  # fmt: skip
+    assert result.exit_code == 2, result.stderr
+    assert named in flat(result.stderr)
+    assert wm.requests("/n/rerank") == []
+
+
+def test_an_api_key_with_a_space_is_sent_as_config_accepts_it(wm: WireMock) -> None:
+    wm.stub_json("/sp/rerank", TEI_OUT_OF_ORDER)
+    result = invoke("rerank", "-q", "q", "--endpoint", wm.url + "/sp", stdin=CANDIDATES,
+                    RERANK_API_KEY="sk live")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    (sent,) = wm.requests("/sp/rerank")
+    headers = {k.lower(): v for k, v in sent["headers"].items()}
+    assert headers["apikey"] in ("sk live", ["sk live"])
+
+
+@pytest.mark.skipif(not local_available(), reason="needs the [local] extra")
+def test_provider_local_from_the_environment_runs_the_in_process_model(tmp_path: Path) -> None:
+    """RERANK_PROVIDER=local is config's in-process provider, not an unknown wire format."""
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    result = invoke("rerank", "-q", "q", stdin=CANDIDATES, RERANK_PROVIDER="local",
+                    RERANK_MODEL=str(not_a_model))  # fmt: skip
+    assert result.exit_code == 1, result.stderr  # strict: the model was tried, and failed
+    assert "not one of" not in result.stderr
+    assert "not-a-model" in flat(result.stderr)
+
+
+# -- the finish of a package -------------------------------------------------------------------
+
+
+def test_version_prints_the_package_version() -> None:
+    from retrieval_stage import __version__
+
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.stdout == f"retrieval-stage {__version__}\n"
+
+
+@pytest.mark.parametrize("command", [[], ["demo"], ["rerank"], ["eval"]])
+def test_help_shows_flags_without_a_type(command: list[str]) -> None:
+    result = invoke(*command, "--help")
+    assert result.exit_code == 0
+    assert "--help" in result.stdout
+    assert "<bool>" not in result.stdout
+
+
+def test_eval_json_keeps_stderr_clean_and_names_the_reranker_its_hint_is_about() -> None:
+    result = invoke("eval", "--reranker", "lexical", "--json", "--resamples", "100")
+    assert result.exit_code == 0, result.stderr
+    assert not result.stderr.startswith("\n")
+    assert "\n\n" not in result.stderr
+    assert flat(result.stderr).startswith("reranker: lexical")

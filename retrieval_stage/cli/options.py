@@ -1,0 +1,222 @@
+"""The options the three commands share, declared once, and the values they carry.
+
+`with_rerank_options` adds the reranker, telemetry and logging options to a command's
+signature (Typer reads it) and hands the command one `RerankOptions`; each command declares
+only its own options.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+from ..config import LOCAL
+from ..providers import PROVIDERS
+
+__all__ = [
+    "OPTION_OF_FIELD",
+    "Command",
+    "Group",
+    "OutputFormat",
+    "RerankOptions",
+    "RerankerChoice",
+    "with_rerank_options",
+]
+
+
+class RerankerChoice(str, enum.Enum):
+    """Which reranker runs when no --endpoint is given."""
+
+    auto = "auto"
+    local = "local"
+    lexical = "lexical"
+
+
+class OutputFormat(str, enum.Enum):
+    """How `rerank` prints its results."""
+
+    jsonl = "jsonl"
+    table = "table"
+
+
+OPTION_OF_FIELD = {
+    "endpoint": "--endpoint",
+    "provider": "--provider",
+    "model": "--model",
+    "api_key": "--api-key",
+    "api_key_header": "--api-key-header",
+    "timeout": "--timeout",
+    "batch_size": "--batch-size",
+}
+"""The option that sets each `RerankSettings` field (a refusal's ``.field``)."""
+
+
+@dataclass(frozen=True)
+class RerankOptions:
+    """What the shared options say: the reranker's settings, the choice without an endpoint,
+    where spans go and how much to log. Settings are checked by `RerankSettings`, not here."""
+
+    endpoint: str | None = None
+    provider: str = "tei"
+    model: str | None = None
+    api_key: str | None = None
+    api_key_header: str | None = None
+    timeout: float = 30.0
+    batch_size: str | None = None
+    reranker: RerankerChoice = RerankerChoice.auto
+    trace_file: Path | None = None
+    log_level: str = "warning"
+
+
+# Help texts are Rich markup: a literal "[local]" must be written "\\[local]".
+_SHARED: dict[str, Any] = {
+    "endpoint": Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            envvar="RERANK_ENDPOINT",
+            help="Base URL of a rerank service, e.g. TEI at http://localhost:8080. "
+            "Without it the reranker runs in this process (see --reranker).",
+            show_default=False,
+        ),
+    ],
+    "provider": Annotated[
+        str,
+        typer.Option(
+            "--provider",
+            envvar="RERANK_PROVIDER",
+            help=f"Wire format of --endpoint: {', '.join(PROVIDERS)}; or '{LOCAL}' (no "
+            "--endpoint): the cross-encoder in process, like --reranker local.",
+        ),
+    ],
+    "model": Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            envvar="RERANK_MODEL",
+            help="With --endpoint: the model name sent to the service. Without: the local "
+            "cross-encoder, a Hugging Face id or a model directory "
+            "(default cross-encoder/ms-marco-MiniLM-L-6-v2).",
+            show_default=False,
+        ),
+    ],
+    "api_key": Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="RERANK_API_KEY",
+            help="Credential for --endpoint (see --api-key-header). Prefer the variable.",
+            show_default=False,
+        ),
+    ],
+    "api_key_header": Annotated[
+        str | None,
+        typer.Option(
+            "--api-key-header",
+            envvar="RERANK_API_KEY_HEADER",
+            help="Header that carries the key; 'Authorization' sends 'Bearer <key>'. Default: "
+            "the provider's convention, 'Authorization' for the hosted APIs, vLLM and "
+            "Infinity, 'apikey' (the gateway convention) for tei and sidecar.",
+            show_default=False,
+        ),
+    ],
+    "timeout": Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            envvar="RERANK_TIMEOUT",
+            min=0.1,
+            help="Seconds for one rerank call, retries included.",
+        ),
+    ],
+    "batch_size": Annotated[
+        str | None,
+        typer.Option(
+            "--batch-size",
+            envvar="RERANK_BATCH_SIZE",
+            help="Texts per request to --endpoint: a positive integer, or 'auto' (ask TEI's "
+            "/info). Default: the provider's documented cap.",
+            show_default=False,
+        ),
+    ],
+    "reranker": Annotated[
+        RerankerChoice,
+        typer.Option(
+            "--reranker",
+            help="Without --endpoint: 'local' runs the cross-encoder (needs the \\[local] "
+            "extra), 'lexical' a bag-of-words fallback, 'auto' the cross-encoder when it can "
+            "load, else lexical.",
+        ),
+    ],
+    "trace_file": Annotated[
+        Path | None,
+        typer.Option(
+            "--trace-file",
+            help="Also write the spans to this file as OTLP/JSON lines (appended).",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ],
+    "log_level": Annotated[
+        str,
+        typer.Option("--log-level", help="Log level for stderr: debug, info, warning, error."),
+    ],
+}
+
+
+def with_rerank_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` (which takes ``options: RerankOptions``) with the shared options appended to
+    its signature, so Typer offers them on every command that uses this."""
+    signature = inspect.signature(command, eval_str=True)
+    own = [p for p in signature.parameters.values() if p.name != "options"]
+    defaults = RerankOptions()
+    shared = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=getattr(defaults, name),
+            annotation=annotation,
+        )
+        for name, annotation in _SHARED.items()
+    ]
+
+    @functools.wraps(command)
+    def wrapper(**kwargs: Any) -> None:
+        values = {name: kwargs.pop(name) for name in _SHARED}
+        command(options=RerankOptions(**values), **kwargs)
+
+    parameters = [*own, *shared]
+    wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
+    return wrapper
+
+
+def _flags_without_type(params: list[Any]) -> list[Any]:
+    """`params` with flags shown bare in help: Typer labels a flag ``<bool>``, which reads as if
+    it took a value (``--json <bool>``)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    """A command whose help shows flags without a type."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_without_type(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    """The application's group, whose help shows flags without a type."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_without_type(super().get_params(ctx))

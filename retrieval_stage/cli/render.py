@@ -1,0 +1,148 @@
+"""How results look: the tables of what moved, the eval report, and the failure message."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..errors import RerankError
+from .console import COMPOSE_UP, EXIT_FAILURE, fail, note, scrubbed, shown_url
+from .reranker import Chosen
+
+__all__ = [
+    "changes_table",
+    "metrics_table",
+    "movement_table",
+    "rerank_failed",
+    "say_reranker",
+    "snippet",
+]
+
+SNIPPET_CHARS = 72
+
+
+def snippet(text: str, width: int = SNIPPET_CHARS) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"
+
+
+def _number(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4g}" if abs(value) >= 1e4 else f"{value:.3f}"
+
+
+def changes_table(
+    changes: Sequence[Any], *, score_label: str, recall_label: str, width: int
+) -> Table:
+    """Final rank, recall rank, movement, both scores, id and a snippet, fitted to `width`."""
+    rows = [
+        (
+            str(c.rank),
+            str(c.recall_rank),
+            c.movement,
+            _number(c.score),
+            _number(c.recall_score),
+            c.candidate.id,
+            c,
+        )
+        for c in changes
+    ]
+    headers = ("rank", "recall", "move", score_label, recall_label, "id")
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    widths[5] = min(widths[5], 40)
+    snippet_width = max(12, width - sum(widths) - 3 * len(headers))
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    for i, header in enumerate(headers):
+        table.add_column(
+            header,
+            justify="left" if i == 5 else "center" if i == 2 else "right",
+            no_wrap=True,
+            overflow="ellipsis",
+            width=widths[i],
+        )
+    table.add_column("snippet", no_wrap=True, overflow="ellipsis", width=snippet_width)
+    for rank, recall_rank, movement, score, recall_score, ident, change in rows:
+        style = "green" if change.is_new or change.moved > 0 else "red" if change.moved < 0 else ""
+        table.add_row(  # Text, not str: a str cell is parsed as Rich markup
+            Text(rank),
+            Text(recall_rank),
+            Text(movement, style=style),
+            Text(score),
+            Text(recall_score),
+            Text(ident),
+            Text(snippet(change.candidate.text, snippet_width)),
+        )
+    return table
+
+
+def say_reranker(console: Console, chosen: Chosen) -> None:
+    console.print(Text("reranker: ", style="bold") + Text(chosen.label))
+    if chosen.hint:
+        note(console, chosen.hint, style="yellow")
+
+
+def rerank_failed(chosen: Chosen, exc: RerankError) -> NoReturn:
+    base_url = chosen.base_url
+    if base_url is None:
+        fail(EXIT_FAILURE, f"rerank failed: {exc}")
+    fail(
+        EXIT_FAILURE,
+        f"rerank failed: {scrubbed(str(exc), base_url)}",
+        f"is the rerank service at {shown_url(base_url)} up? For a local TEI: {COMPOSE_UP}",
+    )
+
+
+def metrics_table(report: Any) -> Table:
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    for name, justify in (("metric", "left"), ("recall", "right"), ("reranked", "right"),
+                          ("Δ", "right"), ("p", "right")):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for m in report.metrics:
+        style = "green" if m.delta > 0 else "red" if m.delta < 0 else ""
+        table.add_row(  # Text, not str: a str cell is parsed as Rich markup
+            Text(m.name),
+            Text(f"{m.recall:.3f}"),
+            Text(f"{m.reranked:.3f}"),
+            Text(f"{m.delta:+.3f}", style=style),
+            Text(f"{m.p_value:.3f}"),
+        )
+    return table
+
+
+def movement_table(report: Any, width: int) -> Table:
+    """Per query: first relevant rank before → after, movement, RR@10 before → after, text."""
+    rows = []
+    for q in report.per_query:
+        before = "—" if q.first_relevant_recall is None else str(q.first_relevant_recall)
+        after = "—" if q.first_relevant_reranked is None else str(q.first_relevant_reranked)
+        rr = f"{q.recall['MRR@10']:.2f} → {q.reranked['MRR@10']:.2f}"
+        rows.append((q.query_id, f"{before} → {after}", q.movement, rr, q.query))
+    # Every cell is a Text: a plain str would be parsed as Rich markup, and an id like "[/x]"
+    # raises mid-table.
+    headers = ("query", "first relevant", "move", "RR@10")
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    text_width = max(12, width - sum(widths) - 3 * len(headers))
+    table = Table(show_edge=False, pad_edge=False, header_style="bold")
+    for i, header in enumerate(headers):
+        table.add_column(
+            header,
+            justify="left" if i == 0 else "center" if i == 2 else "right",
+            no_wrap=True,
+            width=widths[i],
+        )
+    table.add_column("text", no_wrap=True, overflow="ellipsis", width=text_width)
+    for query_id, ranks, move, rr, text in rows:
+        good = move.startswith("↑") or move == "found"
+        bad = move.startswith("↓") or move == "lost"
+        style = "green" if good else "red" if bad else ""
+        table.add_row(
+            Text(query_id),
+            Text(ranks),
+            Text(move, style=style),
+            Text(rr),
+            Text(snippet(text, text_width)),
+        )
+    return table
