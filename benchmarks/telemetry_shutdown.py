@@ -6,8 +6,9 @@
 Each case configures tracing and metrics, records one span and one metric point, then shuts
 down (explicitly with `shutdown_telemetry`, or with `--at-exit` by leaving it to the exit hook)
 and prints one JSON line: the case and the seconds shutdown took. Cases: ``none`` (no
-exporter: ``OTEL_*_EXPORTER=none``), ``ok`` (a collector answering 200 at once), ``closed`` (a closed port), ``silent`` (a port this
-process listens on and never answers). The tests run it in a subprocess.
+exporter: ``OTEL_*_EXPORTER=none``), ``ok`` (a collector answering 200 at once), ``closed``
+(a closed port), ``silent`` (a port this process listens on and never answers). The tests run
+it in a subprocess.
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ CASES = ("none", "ok", "closed", "silent")
 
 
 class _Accepting(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         self.send_response(200)
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         return None
 
 

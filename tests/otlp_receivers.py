@@ -33,7 +33,7 @@ def http_receiver(statuses: dict[str, int] | None = None) -> Iterator[HttpReceiv
     receiver = HttpReceiver(url="", statuses=dict(statuses or {}))
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             with receiver.lock:
                 receiver.bodies.setdefault(self.path, []).append(body)
@@ -43,7 +43,7 @@ def http_receiver(statuses: dict[str, int] | None = None) -> Iterator[HttpReceiv
             self.send_header("Content-Length", "0")
             self.end_headers()
 
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: object) -> None:
             return None
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from opentelemetry import metrics
 from opentelemetry.exporter.otlp.proto.http import metric_exporter as otlp_http
-from opentelemetry.sdk.metrics import export as sdk_export
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import export as sdk_export
 from opentelemetry.sdk.metrics.export import (
     HistogramDataPoint,
     InMemoryMetricReader,
