@@ -5,12 +5,18 @@ Everything listens on 127.0.0.1 only and is shut down by the fixture that starte
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -72,3 +78,44 @@ def silent_port() -> Iterator[int]:
         s.bind(("127.0.0.1", 0))
         s.listen(64)
         yield s.getsockname()[1]
+
+
+@contextmanager
+def json_log_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    """`configure_logging` into a buffer; yields a reader of the JSON lines; restores after.
+
+    Restores structlog's defaults and the ``opentelemetry`` loggers configure_logging touched.
+    """
+    import structlog
+
+    from retrieval_stage.telemetry import configure_logging
+
+    otel = logging.getLogger("opentelemetry")
+    exporter = logging.getLogger("opentelemetry.exporter")
+    saved = (list(otel.handlers), otel.level, otel.propagate, exporter.level)
+    stream = io.StringIO()
+    configure_logging(stream=stream)
+    try:
+        yield lambda: [json.loads(line) for line in stream.getvalue().splitlines()]
+    finally:
+        structlog.reset_defaults()
+        otel.handlers[:] = saved[0]
+        otel.setLevel(saved[1])
+        otel.propagate = saved[2]
+        exporter.setLevel(saved[3])
+
+
+class LengthReranker:
+    """A user's own reranker: longer text scores higher."""
+
+    def rerank(
+        self,
+        query: str,
+        items: Sequence[T],
+        *,
+        text: Callable[[T], str] | None = None,
+        top_k: int | None = None,
+    ) -> list[tuple[T, float]]:
+        get = text or str
+        ranked = sorted(((i, float(len(get(i)))) for i in items), key=lambda p: -p[1])
+        return ranked[:top_k] if top_k else ranked
