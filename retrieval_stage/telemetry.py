@@ -36,6 +36,7 @@ from .otlp import OtlpExtraMissingError, otlp_target
 __all__ = [
     "DEFAULT_SHUTDOWN_TIMEOUT_S",
     "DEFAULT_SPAN_ATTRIBUTE_LIMIT",
+    "PROJECT_NAME",
     "BoundedBatchSpanProcessor",
     "OtlpExtraMissingError",
     "ShutdownReport",

@@ -218,10 +218,9 @@ def test_record_with_a_no_op_provider_records_through_no_op_instruments_only() -
             return meter
 
     rerank_metrics = RerankMetrics(Provider())
-    result = rerank_metrics.record(**OK_CALL)
+    rerank_metrics.record(**OK_CALL)
     rerank_metrics.record(**(OK_CALL | {"model": None, "provider": None, "top1_changed": None}))
 
-    assert result is None
     assert sorted(meter.created) == sorted(
         [
             "retrieval_stage.rerank.duration",
@@ -311,3 +310,57 @@ def test_otel_metrics_exporter_none_builds_no_reader(monkeypatch: pytest.MonkeyP
     provider = configure_metrics()
     RerankMetrics(provider).record(**OK_CALL)  # instruments exist and do nothing
     provider.shutdown()
+
+
+def test_metrics_arrive_over_real_otlp_http_with_names_units_attributes_and_values() -> None:
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
+
+    from retrieval_stage.telemetry import shutdown_telemetry
+
+    from .otlp_receivers import http_receiver
+
+    with http_receiver() as receiver:
+        provider = configure_metrics(
+            "wire-test", endpoint=receiver.url, export_interval_millis=3_600_000
+        )
+        RerankMetrics(provider).record(**OK_CALL)
+        assert not shutdown_telemetry(provider, timeout=10.0)
+        (body,) = receiver.received("/v1/metrics")
+
+    (resource_metrics,) = ExportMetricsServiceRequest.FromString(body).resource_metrics
+    resource = {kv.key: kv.value.string_value for kv in resource_metrics.resource.attributes}
+    assert resource["service.name"] == "wire-test"
+    (scope_metrics,) = resource_metrics.scope_metrics
+    assert scope_metrics.scope.name == "retrieval_stage"
+    found = {metric.name: metric for metric in scope_metrics.metrics}
+
+    def attributes(point: Any) -> dict[str, str]:
+        return {kv.key: kv.value.string_value for kv in point.attributes}
+
+    histograms = {
+        "retrieval_stage.rerank.duration": ("s", 0.042),
+        "retrieval_stage.rerank.documents": ("{document}", 50),
+        "retrieval_stage.rerank.batches": ("{batch}", 2),
+    }
+    counters = {
+        "retrieval_stage.rerank.requests": ("{request}", 3),
+        "retrieval_stage.rerank.retries": ("{retry}", 1),
+        "retrieval_stage.rerank.fallbacks": ("{fallback}", 0),
+        "retrieval_stage.rerank.top1_changes": ("{change}", 1),
+    }
+    assert set(found) == set(histograms) | set(counters)
+    for name, (unit, value) in histograms.items():
+        metric = found[name]
+        assert metric.unit == unit
+        (point,) = metric.histogram.data_points
+        assert (point.count, point.sum) == (1, pytest.approx(value))
+        assert attributes(point) == OK_ATTRS
+    for name, (unit, value) in counters.items():
+        metric = found[name]
+        assert metric.unit == unit
+        assert metric.sum.is_monotonic
+        (point,) = metric.sum.data_points
+        assert point.as_int == value
+        assert attributes(point) == OK_ATTRS
