@@ -15,19 +15,37 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 import structlog
+from openinference.semconv.resource import ResourceAttributes
 from opentelemetry import trace
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
+from ._export import CountingSpanExporter, Delivery, quiet_exporter_loggers, span_exporter
+from ._log import get_logger
+from ._shutdown import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    ShutdownReport,
+    in_background,
+    register,
+    shutdown_telemetry,
+)
+from .metrics import configure_metrics
+from .otlp import OtlpExtraMissingError, otlp_target
+
 __all__ = [
+    "DEFAULT_SHUTDOWN_TIMEOUT_S",
     "DEFAULT_SPAN_ATTRIBUTE_LIMIT",
+    "PROJECT_NAME",
     "BoundedBatchSpanProcessor",
+    "OtlpExtraMissingError",
+    "ShutdownReport",
     "add_trace_context",
     "configure_logging",
     "configure_metrics",
     "configure_tracing",
     "otlp_span_exporter",
+    "shutdown_telemetry",
 ]
 
 DEFAULT_SPAN_ATTRIBUTE_LIMIT = 2048
@@ -36,12 +54,10 @@ DEFAULT_SPAN_ATTRIBUTE_LIMIT = 2048
 DEFAULT_SERVICE_NAME = "retrieval-stage"
 DEFAULT_EXPORT_TIMEOUT_S = 5.0
 
+PROJECT_NAME = ResourceAttributes.PROJECT_NAME
+"""The resource attribute Arize Phoenix routes spans by (``openinference.project.name``)."""
 
-def _protocol(signal: str) -> str:
-    raw = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
-    )
-    return raw.strip().lower()
+_log = get_logger("retrieval_stage.telemetry")
 
 
 def otlp_span_exporter(
@@ -49,39 +65,47 @@ def otlp_span_exporter(
     *,
     protocol: str | None = None,
     headers: Mapping[str, str] | None = None,
-    timeout: float = DEFAULT_EXPORT_TIMEOUT_S,
+    timeout: float | None = None,
 ) -> SpanExporter:
     """An OTLP span exporter: http/protobuf by default, gRPC when the protocol says ``grpc``.
 
-    `protocol` falls back to ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` then
-    ``OTEL_EXPORTER_OTLP_PROTOCOL`` (the SDK reads these only in auto-configuration, so code that
-    builds its exporter must). `endpoint` is the collector's base URL: for HTTP ``/v1/traces`` is
-    appended unless already there; for gRPC it is used as given. When None the exporter reads
-    the standard ``OTEL_EXPORTER_OTLP_*ENDPOINT`` variables itself.
+    Endpoint, protocol, headers and timeout follow `retrieval_stage.otlp.otlp_target`: the
+    arguments first, then the standard ``OTEL_EXPORTER_OTLP_*`` variables (an `endpoint`
+    given here is a base URL: ``/v1/traces`` is appended for HTTP). gRPC needs the ``[grpc]``
+    extra; without it this raises `OtlpExtraMissingError` naming the install command.
     """
-    chosen = (protocol or _protocol("TRACES")).lower()
-    if chosen == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcExporter,
+    return span_exporter(
+        otlp_target(
+            "traces",
+            endpoint=endpoint,
+            protocol=protocol,
+            headers=headers,
+            timeout=timeout,
+            default_timeout=DEFAULT_EXPORT_TIMEOUT_S,
         )
-
-        return GrpcExporter(
-            endpoint=endpoint, headers=dict(headers) if headers else None, timeout=timeout
-        )
-    if chosen not in ("http/protobuf", "http"):
-        raise ValueError(f"unsupported OTLP protocol {chosen!r}: use 'http/protobuf' or 'grpc'")
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    if endpoint is not None and not endpoint.rstrip("/").endswith("/v1/traces"):
-        endpoint = endpoint.rstrip("/") + "/v1/traces"
-    return OTLPSpanExporter(
-        endpoint=endpoint, headers=dict(headers) if headers else None, timeout=timeout
     )
+
+
+def _project(given: str | None, attributes: Mapping[str, Any], service_name: str) -> str:
+    """The Phoenix project: `given`, else the resource attributes', else the service name."""
+    if given:
+        return given
+    explicit = attributes.get(PROJECT_NAME)
+    if explicit:
+        return str(explicit)
+    from_env = OTELResourceDetector().detect().attributes.get(PROJECT_NAME)
+    return str(from_env) if from_env else service_name
+
+
+def _exporter_off(signal: str) -> bool:
+    """``OTEL_<SIGNAL>_EXPORTER=none``: the standard way to switch one signal's export off."""
+    return os.environ.get(f"OTEL_{signal}_EXPORTER", "").strip().lower() == "none"
 
 
 def configure_tracing(
     service_name: str | None = None,
     *,
+    project: str | None = None,
     endpoint: str | None = None,
     protocol: str | None = None,
     headers: Mapping[str, str] | None = None,
@@ -89,35 +113,58 @@ def configure_tracing(
     span_limits: SpanLimits | None = None,
     set_global: bool = False,
     resource_attributes: Mapping[str, Any] | None = None,
-    export_timeout: float = DEFAULT_EXPORT_TIMEOUT_S,
+    export_timeout: float | None = None,
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
 ) -> TracerProvider:
     """An SDK TracerProvider exporting over OTLP through a BatchSpanProcessor.
 
     `endpoint` is the collector's base URL (``http://localhost:4318`` for HTTP, ``localhost:4317``
-    for gRPC); None defers to the ``OTEL_EXPORTER_OTLP_*`` variables. `exporter` replaces the
-    OTLP exporter (tests pass an in-memory one). The span limits fit 200 documents in and 200 out
+    for gRPC); None defers to the ``OTEL_EXPORTER_OTLP_*`` variables (`retrieval_stage.otlp`).
+    `exporter` replaces the OTLP exporter (tests pass an in-memory one);
+    ``OTEL_TRACES_EXPORTER=none`` builds none. The span limits fit 200 documents in and 200 out
     (an explicit ``OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`` wins). `service_name` falls back to
-    ``OTEL_SERVICE_NAME``, then ``retrieval-stage``. Set `set_global` to install the provider as
-    OpenTelemetry's global one; it is returned either way, and flushed at process exit.
-    `export_timeout` (seconds) bounds each export of the exporter built here and the flush at
-    shutdown, so a stuck collector never holds process exit longer than that.
+    ``OTEL_SERVICE_NAME``, then ``retrieval-stage``. `project` is the Arize Phoenix /
+    OpenInference project the spans land in (resource attribute ``openinference.project.name``):
+    the given one, else that key of `resource_attributes` or ``OTEL_RESOURCE_ATTRIBUTES``, else
+    the service name. Set `set_global` to install the provider as OpenTelemetry's global one;
+    it is returned either way.
+
+    `export_timeout` (seconds; default ``OTEL_EXPORTER_OTLP_TRACES_TIMEOUT``/``..._TIMEOUT``,
+    else 5) bounds each export. Shutdown is bounded as a whole by `shutdown_timeout`: whether
+    by ``provider.shutdown()``, by `shutdown_telemetry` (traces and metrics under one deadline)
+    or at process exit (this replaces the SDK's own exit hook, which could wait 30 s), what has
+    not reached the collector by then is dropped and reported once as ``telemetry.undelivered``.
     """
     name = service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
     attributes: dict[str, Any] = dict(resource_attributes or {})
     attributes[SERVICE_NAME] = name
+    attributes[PROJECT_NAME] = _project(project, attributes, name)
     resource = Resource.create(attributes)
     if span_limits is None:
         env_limit = os.environ.get("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT")
         span_limits = SpanLimits(
             max_span_attributes=None if env_limit else DEFAULT_SPAN_ATTRIBUTE_LIMIT
         )
-    provider = TracerProvider(resource=resource, span_limits=span_limits)
-    span_exporter = exporter or otlp_span_exporter(
-        endpoint, protocol=protocol, headers=headers, timeout=export_timeout
-    )
-    provider.add_span_processor(
-        BoundedBatchSpanProcessor(span_exporter, shutdown_timeout=export_timeout)
-    )
+    provider = TracerProvider(resource=resource, span_limits=span_limits, shutdown_on_exit=False)
+    processor: BoundedBatchSpanProcessor | None = None
+    if exporter is not None or not _exporter_off("TRACES"):
+        if exporter is None:
+            target = otlp_target(
+                "traces",
+                endpoint=endpoint,
+                protocol=protocol,
+                headers=headers,
+                timeout=export_timeout,
+                default_timeout=DEFAULT_EXPORT_TIMEOUT_S,
+            )
+            quiet_exporter_loggers()
+            processor = BoundedBatchSpanProcessor(
+                span_exporter(target), shutdown_timeout=shutdown_timeout, shown=target.shown
+            )
+        else:
+            processor = BoundedBatchSpanProcessor(exporter, shutdown_timeout=shutdown_timeout)
+        provider.add_span_processor(processor)
+    register(provider, [processor.delivery] if processor else [], shutdown_timeout)
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
@@ -128,28 +175,32 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
 
     The SDK's shutdown joins its worker for up to 30 s and exports every queued batch, one
     exporter timeout each: with a stuck collector and a full queue, process exit would wait a
-    multiple of the exporter's timeout. Past the bound, what is still queued is dropped.
+    multiple of the exporter's timeout. Here the SDK's shutdown runs in a helper thread; past
+    the bound the exporter is closed (its retry waits end, queued batches are not sent) and
+    what never arrived is counted in `delivery`.
     """
 
-    def __init__(self, span_exporter: SpanExporter, *, shutdown_timeout: float) -> None:
-        super().__init__(span_exporter)
-        self._shutdown_timeout_ms = max(int(shutdown_timeout * 1000), 1)
+    def __init__(
+        self,
+        span_exporter: SpanExporter,
+        *,
+        shutdown_timeout: float,
+        shown: str | None = None,
+    ) -> None:
+        self.delivery = Delivery("traces", shown or type(span_exporter).__name__)
+        self.exporter = CountingSpanExporter(span_exporter, self.delivery)
+        super().__init__(self.exporter)
+        self.shutdown_timeout = shutdown_timeout
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is not None and span.context.trace_flags.sampled:
+            self.delivery.hand(1)
+        super().on_end(span)
 
     def shutdown(self) -> None:
         """Flush what fits in the bound, then stop."""
-        inner: Any = getattr(self, "_batch_processor", None)
-        if inner is None:  # pragma: no cover - an SDK without the shared batch processor
-            base: Any = super()
-            base.shutdown()
-            return
-        inner.shutdown(timeout_millis=self._shutdown_timeout_ms)
-
-
-def configure_metrics(*args: Any, **kwargs: Any) -> Any:
-    """A MeterProvider exporting rerank metrics over OTLP; see `retrieval_stage.metrics`."""
-    from .metrics import configure_metrics as _configure_metrics
-
-    return _configure_metrics(*args, **kwargs)
+        in_background(super().shutdown).wait(max(self.shutdown_timeout, 0.0))
+        self.delivery.close()
 
 
 def add_trace_context(
@@ -166,21 +217,46 @@ def add_trace_context(
     return event_dict
 
 
+class _StructlogBridge(logging.Handler):
+    """Renders stdlib records (the OpenTelemetry SDK's) through structlog, in our log format."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            logger = structlog.get_logger(record.name)
+            logger.log(record.levelno, record.getMessage(), sdk_logger=record.name)
+        except Exception:  # a log line must never break the application
+            self.handleError(record)
+
+
+def _level(level: int | str) -> int:
+    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}")
+    return numeric
+
+
 def configure_logging(
     level: int | str = logging.INFO,
     *,
     stream: TextIO | None = None,
     json: bool = True,
+    sdk_level: int | str = logging.WARNING,
+    export_level: int | str = logging.CRITICAL,
 ) -> None:
     """Configure structlog to write one JSON object per line, correlated with traces.
 
     Each line carries ``timestamp`` (ISO 8601, UTC), ``level``, ``logger``, ``event``, the
     event's fields and, inside a span, ``trace_id`` and ``span_id``. `json=False` renders for
     a terminal instead. Writes to `stream` (default stderr).
+
+    The OpenTelemetry SDK logs through stdlib logging; its records (logger ``opentelemetry``)
+    are rendered in the same format from `sdk_level` up, never printed raw. The exporters'
+    per-attempt lines ("Transient error ...", "Failed to export ...", logger
+    ``opentelemetry.exporter``) show from `export_level` up, by default not at all: shutdown
+    says once what was not delivered (``telemetry.undelivered``). Set ``export_level="WARNING"``
+    to see every failed attempt of a long-running process.
     """
-    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
-    if not isinstance(numeric, int):
-        raise ValueError(f"unknown log level {level!r}")
+    numeric = _level(level)
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
     )
@@ -197,3 +273,10 @@ def configure_logging(
         logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
         cache_logger_on_first_use=False,
     )
+    sdk_logger = logging.getLogger("opentelemetry")
+    for handler in [h for h in sdk_logger.handlers if isinstance(h, _StructlogBridge)]:
+        sdk_logger.removeHandler(handler)
+    sdk_logger.addHandler(_StructlogBridge())
+    sdk_logger.setLevel(_level(sdk_level))
+    sdk_logger.propagate = False
+    logging.getLogger("opentelemetry.exporter").setLevel(_level(export_level))

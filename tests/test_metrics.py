@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from opentelemetry import metrics
-from opentelemetry.exporter.otlp.proto.grpc import metric_exporter as otlp_grpc
 from opentelemetry.exporter.otlp.proto.http import metric_exporter as otlp_http
 from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import export as sdk_export
 from opentelemetry.sdk.metrics.export import (
     HistogramDataPoint,
     InMemoryMetricReader,
     Metric,
-    MetricExporter,
-    MetricExportResult,
-    MetricsData,
     NumberDataPoint,
+    PeriodicExportingMetricReader,
     Sum,
 )
 
@@ -195,11 +193,45 @@ def test_record_is_a_silent_no_op_until_the_application_sets_a_meter_provider() 
     assert result.stderr == ""
 
 
-def test_record_with_a_no_op_provider_raises_nothing() -> None:
-    rerank_metrics = RerankMetrics(metrics.NoOpMeterProvider())
+class CountingNoOpMeter(metrics.NoOpMeter):
+    """The API's no-op meter, remembering which instruments were asked of it."""
 
+    def __init__(self) -> None:
+        super().__init__("retrieval_stage")
+        self.created: list[str] = []
+
+    def create_histogram(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self.created.append(name)
+        return super().create_histogram(name, *args, **kwargs)
+
+    def create_counter(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        self.created.append(name)
+        return super().create_counter(name, *args, **kwargs)
+
+
+def test_record_with_a_no_op_provider_records_through_no_op_instruments_only() -> None:
+    meter = CountingNoOpMeter()
+
+    class Provider(metrics.NoOpMeterProvider):
+        def get_meter(self, name: str, *args: Any, **kwargs: Any) -> metrics.Meter:
+            assert name == "retrieval_stage"
+            return meter
+
+    rerank_metrics = RerankMetrics(Provider())
     rerank_metrics.record(**OK_CALL)
     rerank_metrics.record(**(OK_CALL | {"model": None, "provider": None, "top1_changed": None}))
+
+    assert sorted(meter.created) == sorted(
+        [
+            "retrieval_stage.rerank.duration",
+            "retrieval_stage.rerank.documents",
+            "retrieval_stage.rerank.batches",
+            "retrieval_stage.rerank.requests",
+            "retrieval_stage.rerank.retries",
+            "retrieval_stage.rerank.fallbacks",
+            "retrieval_stage.rerank.top1_changes",
+        ]
+    )
 
 
 def test_configure_metrics_returns_a_provider_and_leaves_the_global_alone() -> None:
@@ -239,134 +271,96 @@ def test_configure_metrics_service_name_falls_back_to_env_then_default(
     assert service_name() == "retrieval-stage"
 
 
-class RecordingExporter(MetricExporter):
-    """Stands in for an OTLP exporter class: remembers how it was built, sends nothing."""
-
-    built: ClassVar[list[tuple[str, str | None]]] = []
-    protocol: ClassVar[str] = ""
-
-    def __init__(self, endpoint: str | None = None, **_: object) -> None:
-        super().__init__()
-        RecordingExporter.built.append((self.protocol, endpoint))
-
-    def export(
-        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **_: Any
-    ) -> MetricExportResult:
-        return MetricExportResult.SUCCESS
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return True
-
-    def shutdown(self, timeout_millis: float = 30_000, **_: Any) -> None:
-        return None
-
-
-class RecordingGrpc(RecordingExporter):
-    protocol = "grpc"
-
-
-class RecordingHttp(RecordingExporter):
-    protocol = "http/protobuf"
-
-
-@pytest.fixture
-def built(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str | None]]:
-    """Swap both OTLP metric exporters for recorders and clear the protocol/endpoint env."""
-    monkeypatch.setattr(otlp_grpc, "OTLPMetricExporter", RecordingGrpc)
-    monkeypatch.setattr(otlp_http, "OTLPMetricExporter", RecordingHttp)
-    for name in (
-        "OTEL_EXPORTER_OTLP_PROTOCOL",
-        "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL",
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    RecordingExporter.built = []
-    return RecordingExporter.built
-
-
-@pytest.mark.parametrize(
-    ("env", "protocol"),
-    [
-        ({}, "http/protobuf"),
-        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "grpc"),
-        ({"OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc"}, "grpc"),
-        (
-            {
-                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
-                "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "http/protobuf",
-            },
-            "http/protobuf",
-        ),
-    ],
-)
-def test_configure_metrics_picks_the_exporter_protocol_from_env(
+def test_configure_metrics_builds_the_exporter_otlp_target_names(
     monkeypatch: pytest.MonkeyPatch,
-    built: list[tuple[str, str | None]],
-    env: dict[str, str],
-    protocol: str,
 ) -> None:
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    # The resolution rules themselves are tested in test_otlp.py; here: metrics use them.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/protobuf")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector.invalid:4318")
+    reader_exporters: list[object] = []
+    real_reader = PeriodicExportingMetricReader
 
-    configure_metrics(export_interval_millis=3_600_000).shutdown()
+    def recording_reader(exporter: object, **kwargs: Any) -> PeriodicExportingMetricReader:
+        reader_exporters.append(exporter)
+        return real_reader(exporter, **kwargs)  # type: ignore[arg-type]
 
-    assert [p for p, _ in built] == [protocol]
+    monkeypatch.setattr(sdk_export, "PeriodicExportingMetricReader", recording_reader)
+    provider = configure_metrics(export_interval_millis=3_600_000)
+    provider.shutdown()
+
+    (exporter,) = reader_exporters
+    assert isinstance(exporter, otlp_http.OTLPMetricExporter)
+    assert exporter._endpoint == "http://collector.invalid:4318/v1/metrics"
 
 
 def test_an_unsupported_protocol_is_refused_like_for_tracing(
-    monkeypatch: pytest.MonkeyPatch, built: list[tuple[str, str | None]]
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "http/json")
 
     with pytest.raises(ValueError, match="http/json"):
         configure_metrics()
-    assert built == []
 
 
-def test_http_endpoint_is_a_base_url_like_otel_exporter_otlp_endpoint(
-    built: list[tuple[str, str | None]],
-) -> None:
-    configure_metrics(
-        endpoint="http://collector:4318/", export_interval_millis=3_600_000
-    ).shutdown()
-    configure_metrics(
-        endpoint="http://collector:4318/v1/metrics", export_interval_millis=3_600_000
-    ).shutdown()
+def test_otel_metrics_exporter_none_builds_no_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
+    monkeypatch.setattr(sdk_export, "PeriodicExportingMetricReader", None)  # would fail if used
 
-    assert built == [
-        ("http/protobuf", "http://collector:4318/v1/metrics"),
-        ("http/protobuf", "http://collector:4318/v1/metrics"),
-    ]
+    provider = configure_metrics()
+    RerankMetrics(provider).record(**OK_CALL)  # instruments exist and do nothing
+    provider.shutdown()
 
 
-def test_grpc_endpoint_is_passed_as_given(
-    monkeypatch: pytest.MonkeyPatch, built: list[tuple[str, str | None]]
-) -> None:
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+def test_metrics_arrive_over_real_otlp_http_with_names_units_attributes_and_values() -> None:
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+    )
 
-    configure_metrics(endpoint="http://collector:4317", export_interval_millis=3_600_000).shutdown()
+    from retrieval_stage.telemetry import shutdown_telemetry
 
-    assert built == [("grpc", "http://collector:4317")]
+    from .otlp_receivers import http_receiver
 
+    with http_receiver() as receiver:
+        provider = configure_metrics(
+            "wire-test", endpoint=receiver.url, export_interval_millis=3_600_000
+        )
+        RerankMetrics(provider).record(**OK_CALL)
+        assert not shutdown_telemetry(provider, timeout=10.0)
+        (body,) = receiver.received("/v1/metrics")
 
-def test_without_an_endpoint_the_exporter_reads_the_env_itself(
-    built: list[tuple[str, str | None]],
-) -> None:
-    # The OTLP exporters resolve OTEL_EXPORTER_OTLP_METRICS_ENDPOINT (as given) and
-    # OTEL_EXPORTER_OTLP_ENDPOINT (+ /v1/metrics) on their own; passing anything would
-    # override that.
-    configure_metrics(export_interval_millis=3_600_000).shutdown()
+    (resource_metrics,) = ExportMetricsServiceRequest.FromString(body).resource_metrics
+    resource = {kv.key: kv.value.string_value for kv in resource_metrics.resource.attributes}
+    assert resource["service.name"] == "wire-test"
+    (scope_metrics,) = resource_metrics.scope_metrics
+    assert scope_metrics.scope.name == "retrieval_stage"
+    found = {metric.name: metric for metric in scope_metrics.metrics}
 
-    assert built == [("http/protobuf", None)]
+    def attributes(point: Any) -> dict[str, str]:
+        return {kv.key: kv.value.string_value for kv in point.attributes}
 
-
-def test_real_http_exporter_appends_the_signal_path_to_the_env_endpoint(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector.invalid:4318")
-    monkeypatch.delenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", raising=False)
-
-    exporter = otlp_http.OTLPMetricExporter()
-
-    assert exporter._endpoint == "http://collector.invalid:4318/v1/metrics"
+    histograms = {
+        "retrieval_stage.rerank.duration": ("s", 0.042),
+        "retrieval_stage.rerank.documents": ("{document}", 50),
+        "retrieval_stage.rerank.batches": ("{batch}", 2),
+    }
+    counters = {
+        "retrieval_stage.rerank.requests": ("{request}", 3),
+        "retrieval_stage.rerank.retries": ("{retry}", 1),
+        "retrieval_stage.rerank.fallbacks": ("{fallback}", 0),
+        "retrieval_stage.rerank.top1_changes": ("{change}", 1),
+    }
+    assert set(found) == set(histograms) | set(counters)
+    for name, (unit, value) in histograms.items():
+        metric = found[name]
+        assert metric.unit == unit
+        (point,) = metric.histogram.data_points
+        assert (point.count, point.sum) == (1, pytest.approx(value))
+        assert attributes(point) == OK_ATTRS
+    for name, (unit, value) in counters.items():
+        metric = found[name]
+        assert metric.unit == unit
+        assert metric.sum.is_monotonic
+        (point,) = metric.sum.data_points
+        assert point.as_int == value
+        assert attributes(point) == OK_ATTRS

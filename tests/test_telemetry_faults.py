@@ -1,16 +1,15 @@
 """A broken trace collector never slows or breaks reranking, and never holds up exit for long.
 
 Three collectors: unreachable (a closed port on 127.0.0.1), slow (WireMock holding each export
-3 s, past the exporter's 1 s timeout) and failing (HTTP 500). Spans leave through
+6 s, past the exporter's 3 s timeout) and failing (HTTP 500). Spans leave through
 `configure_tracing`'s BatchSpanProcessor, so `span.end()` only enqueues; these tests pin that
 promise from the outside: every `stage.run` returns well before one export could have timed
-out, nothing is raised, and `provider.shutdown()` returns within the exporter's timeout plus a
-margin.
+out, nothing is raised, and shutdown returns within its deadline plus a named margin, however
+many spans are queued, with what was lost counted.
 """
 
 from __future__ import annotations
 
-import logging
 import socket
 import time
 from collections.abc import Callable
@@ -20,14 +19,19 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from retrieval_stage import Candidate, RerankClient, RerankStage
-from retrieval_stage.telemetry import configure_tracing, otlp_span_exporter
+from retrieval_stage.telemetry import configure_tracing, otlp_span_exporter, shutdown_telemetry
 
 from .conftest import WireMock
 
-EXPORT_TIMEOUT = 1.0
-"""The exporter's timeout in these tests (configure_tracing's default is 5 s)."""
+EXPORT_TIMEOUT = 3.0
+"""The exporter's timeout per export in these tests (configure_tracing's default is 5 s)."""
+SHUTDOWN_TIMEOUT = 0.5
+"""The shutdown deadline in these tests: well under one export timeout, so waiting for an
+export at shutdown, or for the SDK's own unbounded flush, fails the check."""
+SLOW_COLLECTOR_DELAY_MS = 6000
 
 MARGIN = 1.5
+"""Generous slack over a deadline for a shared, busy 2-core machine."""
 RUNS = 8
 COLLECTORS = ["unreachable", "slow", "failing"]
 
@@ -45,7 +49,9 @@ def collector(wm: WireMock, kind: str) -> str:
     if kind == "unreachable":
         return f"http://127.0.0.1:{closed_port()}"
     response = (
-        {"status": 200, "fixedDelayMilliseconds": 3000} if kind == "slow" else {"status": 500}
+        {"status": 200, "fixedDelayMilliseconds": SLOW_COLLECTOR_DELAY_MS}
+        if kind == "slow"
+        else {"status": 500}
     )
     wm.stub({"request": {"method": "POST", "urlPath": f"/{kind}/v1/traces"}, "response": response})
     return f"{wm.url}/{kind}"
@@ -57,17 +63,6 @@ def stub_reranker(wm: WireMock) -> None:
 
 def cands() -> list[Candidate]:
     return [Candidate("a", "first", 0.8), Candidate("b", "second", 0.2)]
-
-
-class Recorder(logging.Handler):
-    """Keeps the SDK's own log records (it reports export failures there, never raises)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 def wait_for(condition: Callable[[], bool], seconds: float) -> bool:
@@ -101,9 +96,6 @@ def test_broken_collector_leaves_reranking_fast_and_raises_nothing(
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "10")
     stub_reranker(wm)
     endpoint = collector(wm, kind)
-    failures = Recorder()
-    otel_logger = logging.getLogger("opentelemetry")
-    otel_logger.addHandler(failures)
     provider = configure_tracing(
         "telemetry-faults", exporter=otlp_span_exporter(endpoint, timeout=EXPORT_TIMEOUT)
     )
@@ -114,14 +106,14 @@ def test_broken_collector_leaves_reranking_fast_and_raises_nothing(
             assert wait_for(lambda: bool(wm.requests(f"/{kind}/v1/traces")), 3.0)
     finally:
         started = time.monotonic()
-        provider.shutdown()
+        report = shutdown_telemetry(provider, timeout=SHUTDOWN_TIMEOUT)
         shutdown = time.monotonic() - started
-        otel_logger.removeHandler(failures)
     # A run that waited for even one export would have taken the exporter's whole timeout.
     assert max(latencies) < EXPORT_TIMEOUT, latencies
-    # Shutdown may find one export in flight, then makes one final export: two timeouts at most.
-    assert shutdown < 2 * EXPORT_TIMEOUT + MARGIN
-    assert failures.records, "the exporter said nothing about failing"
+    # One deadline for the whole shutdown, however many exports were queued or in flight.
+    assert shutdown < SHUTDOWN_TIMEOUT + MARGIN
+    # Failures are counted and reported once, not raised (and not printed per attempt).
+    assert report.spans_not_delivered > 0, report
 
 
 def test_latency_check_would_catch_an_exporter_on_the_hot_path(wm: WireMock) -> None:
@@ -133,27 +125,30 @@ def test_latency_check_would_catch_an_exporter_on_the_hot_path(wm: WireMock) -> 
     try:
         (latency,) = timed_runs(wm, provider, runs=1)
     finally:
+        exporter.shutdown()
         provider.shutdown()
     assert latency >= EXPORT_TIMEOUT * 0.9
 
 
 @pytest.mark.parametrize("kind", COLLECTORS)
-def test_shutdown_returns_within_the_exporter_timeout(wm: WireMock, kind: str) -> None:
+def test_provider_shutdown_returns_within_the_shutdown_timeout(wm: WireMock, kind: str) -> None:
     stub_reranker(wm)
     provider = configure_tracing(
-        "telemetry-faults", exporter=otlp_span_exporter(collector(wm, kind), timeout=EXPORT_TIMEOUT)
+        "telemetry-faults",
+        exporter=otlp_span_exporter(collector(wm, kind), timeout=EXPORT_TIMEOUT),
+        shutdown_timeout=SHUTDOWN_TIMEOUT,
     )
     timed_runs(wm, provider)  # the spans wait in the queue: the schedule delay is 5 s
     started = time.monotonic()
     provider.shutdown()
-    assert time.monotonic() - started < EXPORT_TIMEOUT + MARGIN
+    assert time.monotonic() - started < SHUTDOWN_TIMEOUT + MARGIN
 
 
-def test_shutdown_with_many_queued_spans_is_bounded_by_one_exporter_timeout(wm: WireMock) -> None:
+def test_shutdown_with_many_queued_spans_is_bounded_by_the_deadline(wm: WireMock) -> None:
     provider = configure_tracing(
         "telemetry-faults",
         exporter=otlp_span_exporter(collector(wm, "slow"), timeout=EXPORT_TIMEOUT),
-        export_timeout=EXPORT_TIMEOUT,
+        shutdown_timeout=SHUTDOWN_TIMEOUT,
     )
     tracer = provider.get_tracer("queue-filler")
     for _ in range(1500):
@@ -161,4 +156,4 @@ def test_shutdown_with_many_queued_spans_is_bounded_by_one_exporter_timeout(wm: 
             pass
     started = time.monotonic()
     provider.shutdown()
-    assert time.monotonic() - started < EXPORT_TIMEOUT + MARGIN
+    assert time.monotonic() - started < SHUTDOWN_TIMEOUT + MARGIN
