@@ -33,6 +33,7 @@ from .providers import (
     WireFormat,
     batch_size_refusal,
     build_request,
+    check_required_fields,
     error_message,
     expected_results,
     get_format,
@@ -263,6 +264,7 @@ class _ClientBase(Generic[H]):
                 "(a trailing newline from a secrets file?)"
             )
         self._format: WireFormat = get_format(provider)
+        check_required_fields(self._format, model=model)
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout = float(timeout)

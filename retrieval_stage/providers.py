@@ -24,6 +24,7 @@ __all__ = [
     "WireFormat",
     "batch_size_refusal",
     "build_request",
+    "check_required_fields",
     "error_message",
     "get_format",
     "parse_response",
@@ -103,6 +104,16 @@ class WireFormat:
     """The header the service's own auth expects (`Authorization: Bearer`), or ``apikey`` for
     services usually reached through a gateway. Used by `config` when no header is set; the
     client's own default stays ``apikey``."""
+    requires_model: bool = False
+    """The API's published request schema lists ``model`` as required: a request without one
+    is refused by the server, so `check_required_fields` refuses the client instead."""
+    example_model: str | None = None
+    """A model the provider documents, named in the error when `requires_model` is unmet."""
+
+    @property
+    def required_fields(self) -> tuple[str, ...]:
+        """The request fields the API's published spec requires (see docs/providers.md)."""
+        return ("query", self.texts_field, *(("model",) if self.requires_model else ()))
 
 
 PROVIDERS: Mapping[str, WireFormat] = {
@@ -133,6 +144,9 @@ PROVIDERS: Mapping[str, WireFormat] = {
             batch_size=1000,
             top_n_field="top_n",
             usage=_cohere_usage,
+            # cohere-openapi.yaml, /v2/rerank: required [query, documents, model].
+            requires_model=True,
+            example_model="rerank-v3.5",
         ),
         # Jina (api.jina.ai/v1/rerank): top_n defaults to all; return_documents defaults to true,
         # so it is turned off. No per-request document cap is documented: 1000, as Cohere's.
@@ -146,6 +160,10 @@ PROVIDERS: Mapping[str, WireFormat] = {
             top_n_field="top_n",
             extra={"return_documents": False},
             usage=_usage_total_tokens,
+            # Jina's OpenAPI (api.jina.ai/openapi.json, TextRankInput): required
+            # [documents, model, query].
+            requires_model=True,
+            example_model="jina-reranker-v2-base-multilingual",
         ),
         # Voyage (docs.voyageai.com, /v1/rerank): top_k defaults to all; "the number of
         # documents cannot exceed 1000"; results under "data".
@@ -158,6 +176,9 @@ PROVIDERS: Mapping[str, WireFormat] = {
             batch_size=1000,
             top_n_field="top_k",
             usage=_usage_total_tokens,
+            # Voyage's OpenAPI, /rerank: required [query, documents, model].
+            requires_model=True,
+            example_model="rerank-2.5",
         ),
         # vLLM's Jina/Cohere-compatible endpoint (also served at /rerank and /v2/rerank):
         # top_n defaults to 0, meaning all. vLLM documents no per-request document cap: 1000.
@@ -185,6 +206,8 @@ PROVIDERS: Mapping[str, WireFormat] = {
         ),
         # Mixedbread (/v1/reranking): texts under "input" (1 to 1000 items); top_k defaults
         # to -1, meaning all, and must lie between 1 and the number of inputs when sent.
+        # Its OpenAPI (RerankParams) requires only query and input: model defaults to
+        # mixedbread-ai/mxbai-rerank-large-v2. vLLM and Infinity default to the served model.
         WireFormat(
             name="mixedbread",
             path="/v1/reranking",
@@ -221,6 +244,19 @@ def get_format(provider: str) -> WireFormat:
     except KeyError:
         known = ", ".join(sorted(PROVIDERS))
         raise ValueError(f"unknown rerank provider {provider!r}; known: {known}") from None
+
+
+def check_required_fields(fmt: WireFormat, *, model: str | None) -> None:
+    """Refuse, before any I/O, a client whose requests `fmt`'s API would reject for a missing
+    required field. The client always sends the query and the texts, so only the model can be
+    missing: ValueError naming the provider and a model it documents. A model that is given
+    must be a non-empty string (``""`` is as good as none, and Mixedbread's spec refuses it).
+    """
+    if model is not None and (not isinstance(model, str) or not model.strip()):
+        raise ValueError(f"model must be a non-empty str or None, got {model!r}")
+    if fmt.requires_model and model is None:
+        example = f", e.g. model={fmt.example_model!r}" if fmt.example_model else ""
+        raise ValueError(f"provider {fmt.name!r} requires model={example}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -239,6 +239,7 @@ def test_client_returns_each_item_with_its_own_score_or_refuses(
     client = RerankClient(
         "http://reranker.test",
         provider=provider,
+        model="m",
         http_client=httpx.Client(transport=transport),
         max_retries=0,
     )

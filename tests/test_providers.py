@@ -227,7 +227,9 @@ def test_each_provider_maps_results_by_index_not_position(case: Case, wm: WireMo
     assert (response.requests, response.batches) == (1, 1)
 
 
-@by_provider
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if not PROVIDERS[c.provider].requires_model], ids=str
+)
 def test_each_provider_reports_the_servers_model_when_none_is_configured(
     case: Case, wm: WireMock
 ) -> None:
@@ -317,7 +319,9 @@ def test_negative_top_k_raises_before_any_request(case: Case, wm: WireMock) -> N
 
 @by_provider
 async def test_async_negative_top_k_raises_before_any_request(case: Case, wm: WireMock) -> None:
-    async with AsyncRerankClient(case.url(wm, "all"), provider=case.provider) as c:
+    async with AsyncRerankClient(
+        case.url(wm, "all"), provider=case.provider, model=case.model
+    ) as c:
         with pytest.raises(ValueError, match="top_k must be >= 0"):
             await c.rerank(QUERY, TEXTS, top_k=-3)
     assert wm.requests() == []
@@ -538,7 +542,7 @@ def test_default_batch_caps_are_the_documented_limits() -> None:
         "sidecar": 128,  # RERANKER_MAX_DOCUMENTS default (seed)
     }
     for name, cap in caps.items():
-        with RerankClient("http://localhost", provider=name) as c:
+        with RerankClient("http://localhost", provider=name, model="m") as c:
             assert c.batch_size == cap, name
 
 
