@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import pytest
@@ -193,7 +194,8 @@ def test_usage_and_model_are_read_back(infinity: str) -> None:
     with RerankClient(infinity, provider="infinity", model="ce-minilm") as client:
         response = client.rerank_response(QUERY, TEXTS)
     assert response.model == "ce-minilm"
-    assert response.usage.total_tokens is not None and response.usage.total_tokens > 0
+    assert response.usage.total_tokens is not None
+    assert response.usage.total_tokens > 0
 
 
 def test_a_call_above_the_servers_cap_is_split_and_the_cap_is_learned(infinity: str) -> None:
@@ -215,15 +217,16 @@ def test_a_call_above_the_servers_cap_is_split_and_the_cap_is_learned(infinity: 
     for result in response.results:
         assert result.score == pytest.approx(expected[result.index], abs=1e-5)
     assert again.batches == 2
-    assert response.usage.total_tokens is not None and response.usage.total_tokens > 0
+    assert response.usage.total_tokens is not None
+    assert response.usage.total_tokens > 0
 
 
 class _Receiver(BaseHTTPRequestHandler):
     """An OTLP/HTTP receiver on loopback that keeps every request body."""
 
-    bodies: list[bytes] = []
+    bodies: ClassVar[list[bytes]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         if self.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
@@ -239,7 +242,7 @@ class _Receiver(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def otlp_receiver() -> Iterator[tuple[str, list[bytes]]]:
-    bodies: list[bytes] = []
+    bodies: ClassVar[list[bytes]] = []
     handler = type("Receiver", (_Receiver,), {"bodies": bodies})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
