@@ -36,7 +36,7 @@ from . import validate
 from ._log import get_logger
 from .client import AsyncRerankClient, RerankClient, masked_url
 from .null import AsyncNullReranker, NullReranker
-from .providers import PROVIDERS
+from .providers import PROVIDERS, check_required_fields
 from .validate import BatchSize, InvalidSetting
 
 __all__ = [
@@ -193,6 +193,9 @@ class RerankSettings:
         if not self.api_key_header:  # unset: the provider's convention
             fmt = PROVIDERS.get(self.provider)
             object.__setattr__(self, "api_key_header", fmt.auth_header if fmt else "apikey")
+        fmt = PROVIDERS.get(self.provider)
+        if fmt is not None and self.endpoint:
+            check_required_fields(fmt, model=self.model, label="RerankSettings.model")
         if self.provider == LOCAL and self.endpoint:
             raise InvalidSetting(
                 "endpoint",
@@ -248,6 +251,12 @@ class RerankSettings:
                 problems.append((key, exc.reason))
         if local and values.get("endpoint"):
             problems.append((ENDPOINT, "must be empty with RERANK_PROVIDER=local"))
+        fmt = PROVIDERS.get(values.get("provider", ""))
+        if fmt is not None and not any(k == MODEL for k, _ in problems):
+            try:
+                check_required_fields(fmt, model=values.get("model"))
+            except InvalidSetting as exc:
+                problems.append((MODEL, exc.reason))
         if not problems:
             return cls(**values)
         key, reason = problems[0]

@@ -17,6 +17,7 @@ from typing import Any
 
 from .errors import RerankProtocolError
 from .models import Usage
+from .validate import InvalidSetting
 
 __all__ = [
     "PROVIDERS",
@@ -246,17 +247,19 @@ def get_format(provider: str) -> WireFormat:
         raise ValueError(f"unknown rerank provider {provider!r}; known: {known}") from None
 
 
-def check_required_fields(fmt: WireFormat, *, model: str | None) -> None:
+def check_required_fields(fmt: WireFormat, *, model: str | None, label: str = "model=") -> None:
     """Refuse, before any I/O, a client whose requests `fmt`'s API would reject for a missing
     required field. The client always sends the query and the texts, so only the model can be
-    missing: ValueError naming the provider and a model it documents. A model that is given
-    must be a non-empty string (``""`` is as good as none, and Mixedbread's spec refuses it).
+    missing: `validate.InvalidSetting` (a ValueError) with ``field == "model"``, naming the
+    provider and a model it documents; `label` is what the user called the value (``model=``,
+    ``RERANK_MODEL``, ``--model``). A model that is given must be a non-empty string (``""`` is
+    as good as none, and Mixedbread's spec refuses it).
     """
     if model is not None and (not isinstance(model, str) or not model.strip()):
-        raise ValueError(f"model must be a non-empty str or None, got {model!r}")
+        raise InvalidSetting("model", f"must be a non-empty str or None, got {model!r}", label)
     if fmt.requires_model and model is None:
-        example = f", e.g. model={fmt.example_model!r}" if fmt.example_model else ""
-        raise ValueError(f"provider {fmt.name!r} requires model={example}")
+        example = f" (e.g. {fmt.example_model!r})" if fmt.example_model else ""
+        raise InvalidSetting("model", f"is required by provider {fmt.name!r}{example}", label)
 
 
 @dataclass(frozen=True, slots=True)

@@ -359,6 +359,7 @@ def test_local_provider_with_an_endpoint_is_unreadable() -> None:
 )  # fmt: skip
 def test_unset_key_header_follows_the_providers_convention(provider: str, header: str) -> None:
     env = {"RERANK_ENDPOINT": "https://api.example", "RERANK_PROVIDER": provider}
+    env["RERANK_MODEL"] = "m"
     assert RerankSettings.from_env(env).api_key_header == header
     env["RERANK_API_KEY_HEADER"] = "X-Gateway-Key"
     assert RerankSettings.from_env(env).api_key_header == "X-Gateway-Key"
@@ -438,3 +439,21 @@ def test_top_k_rule(value: int | None, expected: int | None) -> None:
         with pytest.raises(validate.InvalidSetting) as caught:
             validate.top_k(bad)
         assert caught.value.field == "top_k"
+
+
+@pytest.mark.parametrize("provider", ["cohere", "jina", "voyage"])
+def test_a_provider_that_requires_a_model_fails_open_without_one(provider: str) -> None:
+    """The same rule as the client's constructor, reported like any unusable variable."""
+    env = {"RERANK_ENDPOINT": "http://rerank.invalid", "RERANK_PROVIDER": provider}
+    with capture_logs() as logs:
+        reranker = make_reranker(RerankSettings.from_env(env))
+    assert isinstance(reranker, NullReranker)
+    (warning,) = [e for e in logs if e["event"] == "rerank.config_invalid"]
+    assert warning["key"] == "RERANK_MODEL"
+    assert f"provider {provider!r}" in warning["reason"]
+    with pytest.raises(validate.InvalidSetting, match=r"^RERANK_MODEL is required") as caught:
+        RerankSettings.from_env(env, strict=True)
+    assert caught.value.field == "model"
+    with pytest.raises(validate.InvalidSetting, match=r"^RerankSettings\.model is required"):
+        RerankSettings("http://rerank.invalid", provider=provider)
+    assert RerankSettings.from_env({**env, "RERANK_MODEL": "m"}).model == "m"

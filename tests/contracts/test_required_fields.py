@@ -59,7 +59,7 @@ def test_required_fields_are_the_query_the_texts_and_the_model_where_required(
 def test_a_provider_that_requires_a_model_refuses_a_client_without_one(
     provider: str, flavour: type[RerankClient] | type[AsyncRerankClient]
 ) -> None:
-    message = f"provider '{provider}' requires model=, e.g. model='{EXAMPLES[provider]}'"
+    message = f"model= is required by provider '{provider}' (e.g. '{EXAMPLES[provider]}')"
     http: httpx.Client | httpx.AsyncClient = (
         httpx.Client(transport=httpx.MockTransport(_no_io))
         if flavour is RerankClient
@@ -89,5 +89,5 @@ def test_a_provider_that_does_not_require_a_model_builds_a_client_without_one(
 def test_a_blank_or_non_string_model_is_refused_for_every_provider(
     provider: str, model: object
 ) -> None:
-    with pytest.raises(ValueError, match="model must be a non-empty str or None"):
+    with pytest.raises(ValueError, match="model= must be a non-empty str or None"):
         check_required_fields(PROVIDERS[provider], model=model)  # type: ignore[arg-type]
