@@ -74,16 +74,17 @@ class AsyncByLength:
 
 @pytest.fixture
 def doc_attribute_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count calls of `document_attributes`, under both names the stage could reach it by."""
+    """Count calls of `outcome_attributes` (the end-of-call attributes, documents included),
+    under both names the stage could reach it by."""
     calls: list[int] = []
-    real = spans_module.document_attributes
+    real = spans_module.outcome_attributes
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(spans_module, "document_attributes", counting)
-    monkeypatch.setattr(stage_module, "document_attributes", counting)
+    monkeypatch.setattr(spans_module, "outcome_attributes", counting)
+    monkeypatch.setattr(stage_module, "outcome_attributes", counting)
     return calls
 
 
