@@ -4,6 +4,14 @@ One `Pipeline.run(query)` is one trace a person can open: an OpenInference CHAIN
 (``pipeline``) whose children are a RETRIEVER span (``recall``, with the recalled documents as
 ``retrieval.documents.<i>.document.*``) and the RERANKER span (``rerank``) that `RerankStage`
 writes. `RankChange` says, for each output, where recall had put it and how far it moved.
+
+All three spans carry OpenInference's context attributes (`using_session` and the like); inside
+OpenTelemetry's instrumentation suppression or OpenInference's `suppress_tracing` none is made.
+When the rerank falls back to recall order, the CHAIN span says so: ``retrieval_stage.fallback``
+true and status ERROR, described ``fell back to recall order: <cause>``. ERROR, not UNSET,
+because OpenTelemetry has no "degraded" status, only ERROR carries a description, and Phoenix's
+trace list and its status filter show only a root span's status: an UNSET root would show a
+degraded trace as healthy. The call itself still returns its (recall-ordered) results.
 """
 
 from __future__ import annotations
@@ -24,12 +32,21 @@ from openinference.instrumentation import (
 )
 from openinference.semconv.trace import OpenInferenceSpanKindValues
 from opentelemetry import trace
-from opentelemetry.trace import Span, Status, StatusCode, TracerProvider
+from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
+from ._otel_private import tracing_suppressed
 from ._version import __version__
 from .models import Candidate, Reranked
-from .spans import ATTR_CANCELLED, ATTR_DOCUMENTS, attribute_limit, cap_content, metadata_json
+from .spans import (
+    ATTR_CANCELLED,
+    ATTR_DOCUMENTS,
+    ATTR_FALLBACK,
+    attribute_limit,
+    cap_content,
+    context_attributes,
+    metadata_json,
+)
 from .stage import RerankStage, recall_order
 
 __all__ = [
@@ -200,8 +217,8 @@ class Pipeline:
             with self._retriever(query) as retriever_span:
                 recalled = self._checked(self.recall.recall(query, self.recall_k))
                 self._record_documents(retriever_span, recalled)
-            results = self.stage.run(query, recalled)
-            return self._finish(span, query, recalled, results)
+            results, cause = self.stage._run(query, recalled)
+            return self._finish(span, query, recalled, results, cause)
 
     async def arun(self, query: str) -> PipelineResult:
         """Async `run`: recall runs in a worker thread, the stage with `RerankStage.arun`."""
@@ -211,35 +228,30 @@ class Pipeline:
                 found = await asyncio.to_thread(self.recall.recall, query, self.recall_k)
                 recalled = self._checked(found)
                 self._record_documents(retriever_span, recalled)
-            results = await self.stage.arun(query, recalled)
-            return self._finish(span, query, recalled, results)
+            results, cause = await self.stage._arun(query, recalled)
+            return self._finish(span, query, recalled, results, cause)
 
     # -- spans -------------------------------------------------------------------------------
 
-    @contextmanager
-    def _chain(self, query: str) -> Iterator[Span]:
-        attributes = {
-            **get_span_kind_attributes(OpenInferenceSpanKindValues.CHAIN),
-            **self._input(query),
-        }
-        with (
-            self._tracer.start_as_current_span(
-                "pipeline", attributes=self._masked(attributes)
-            ) as span,
-            _cancellation_marked(span),
-        ):
-            yield span
+    def _chain(self, query: str) -> Any:
+        return self._started("pipeline", OpenInferenceSpanKindValues.CHAIN, query)
+
+    def _retriever(self, query: str) -> Any:
+        return self._started("recall", OpenInferenceSpanKindValues.RETRIEVER, query)
 
     @contextmanager
-    def _retriever(self, query: str) -> Iterator[Span]:
+    def _started(self, name: str, kind: OpenInferenceSpanKindValues, query: str) -> Iterator[Span]:
+        """A current span of `kind` with the query, then the context attributes; none (the
+        invalid span) under suppression."""
+        if tracing_suppressed():
+            yield INVALID_SPAN
+            return
         attributes = {
-            **get_span_kind_attributes(OpenInferenceSpanKindValues.RETRIEVER),
-            **self._input(query),
+            **self._masked({**get_span_kind_attributes(kind), **self._input(query)}),
+            **context_attributes(),
         }
         with (
-            self._tracer.start_as_current_span(
-                "recall", attributes=self._masked(attributes)
-            ) as span,
+            self._tracer.start_as_current_span(name, attributes=attributes) as span,
             _cancellation_marked(span),
         ):
             yield span
@@ -278,7 +290,12 @@ class Pipeline:
         span.set_attributes(attributes)
 
     def _finish(
-        self, span: Span, query: str, recalled: list[Candidate], results: list[Reranked]
+        self,
+        span: Span,
+        query: str,
+        recalled: list[Candidate],
+        results: list[Reranked],
+        fallback_cause: str | None,
     ) -> PipelineResult:
         context = span.get_span_context()
         if span.is_recording():
@@ -286,7 +303,11 @@ class Pipeline:
             value, mime_type = _output_value(
                 [cap_content(r.candidate.id, cap) for r in results], cap
             )
-            span.set_attributes(self._masked(get_output_attributes(value, mime_type=mime_type)))
+            attributes = self._masked(get_output_attributes(value, mime_type=mime_type))
+            attributes[ATTR_FALLBACK] = fallback_cause is not None
+            span.set_attributes(attributes)
+            if fallback_cause is not None:
+                span.set_status(Status(StatusCode.ERROR, fallback_cause))
         return PipelineResult(
             query=query,
             recalled=recalled,

@@ -13,16 +13,22 @@ import inspect
 import math
 import numbers
 import time
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal, NamedTuple
 
 from openinference.instrumentation import TraceConfig
-from openinference.semconv.trace import RerankerAttributes
+from openinference.semconv.trace import (
+    OpenInferenceMimeTypeValues,
+    RerankerAttributes,
+    SpanAttributes,
+)
 from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
-from opentelemetry.trace import Span, Status, StatusCode, TracerProvider
+from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, TracerProvider
 
 from ._log import get_logger
+from ._otel_private import tracing_suppressed
 from ._version import __version__
 from .errors import RerankError, RerankProtocolError
 from .metrics import RerankMetrics
@@ -38,9 +44,13 @@ from .spans import (
     ATTR_USAGE_TOTAL_TOKENS,
     DEFAULT_MAX_CONTENT_BYTES,
     cap_content,
-    document_attributes,
-    fit_stats,
+    context_attributes,
+    fallback_description,
+    fit_head,
     identity_attributes,
+    outcome_attributes,
+    output_content_from_env,
+    output_value,
 )
 
 __all__ = ["RerankStage"]
@@ -48,6 +58,15 @@ __all__ = ["RerankStage"]
 log = get_logger("retrieval_stage.stage")
 
 OnError = Literal["fallback", "raise"]
+
+_JSON_MIME = OpenInferenceMimeTypeValues.JSON.value
+
+
+class Outcome(NamedTuple):
+    """What one stage call returned, and why it fell back (None when it did not)."""
+
+    outputs: list[Reranked]
+    fallback_cause: str | None
 
 
 def recall_order(candidates: Sequence[Candidate]) -> list[int]:
@@ -114,6 +133,20 @@ class RerankStage:
     `max_content_length` caps each document's content on the span, in UTF-8 bytes (default
     below Tempo's 2048-byte attribute limit). `trace_config` defaults to OpenInference's
     `TraceConfig()`, which reads ``OPENINFERENCE_HIDE_INPUTS``/``OPENINFERENCE_HIDE_OUTPUTS``.
+
+    `output_content=False` (or ``RETRIEVAL_STAGE_OUTPUT_CONTENT=0`` when the keyword is not
+    given) records each output document as its id and score only: the input documents already
+    carry the text, and the span is about a third smaller and cheaper to export. Phoenix then
+    shows the Output card's documents with their ids and scores but without text.
+
+    The span is the current span while the reranker runs (a client's outgoing ``traceparent``
+    names it), carries OpenInference's context attributes (`using_session`, `using_user`,
+    `using_metadata`, `using_tags`, `using_attributes`), and is not made at all inside
+    OpenTelemetry's instrumentation suppression or OpenInference's `suppress_tracing` (the
+    rerank still runs). When the stage falls back, the reranker produced no output, so the span
+    has no output documents (recall scores are never shown as rerank scores); ``output.value``
+    lists the returned ids marked ``"order":"recall"``, ``retrieval_stage.fallback`` is true,
+    and the status is ERROR with a description starting ``fell back to recall order: <cause>``.
     """
 
     def __init__(
@@ -128,6 +161,7 @@ class RerankStage:
         min_score: float | None = None,
         max_content_length: int = DEFAULT_MAX_CONTENT_BYTES,
         trace_config: TraceConfig | None = None,
+        output_content: bool | None = None,
     ) -> None:
         if not callable(getattr(reranker, "rerank", None)):
             raise TypeError(f"reranker must have a rerank() method, got {type(reranker).__name__}")
@@ -148,6 +182,9 @@ class RerankStage:
         self.min_score = min_score
         self.max_content_length = max_content_length
         self.trace_config = trace_config or TraceConfig()
+        self.output_content = (
+            output_content_from_env() if output_content is None else output_content
+        )
         self._tracer = trace.get_tracer(
             "retrieval_stage", __version__, tracer_provider=tracer_provider
         )
@@ -164,6 +201,14 @@ class RerankStage:
 
     def run(self, query: str, candidates: Sequence[Candidate]) -> list[Reranked]:
         """Rerank `candidates` for `query`; best first. One RERANKER span per call."""
+        return self._run(query, candidates).outputs
+
+    async def arun(self, query: str, candidates: Sequence[Candidate]) -> list[Reranked]:
+        """Async `run`; a sync reranker runs in a worker thread so the event loop stays free."""
+        return (await self._arun(query, candidates)).outputs
+
+    def _run(self, query: str, candidates: Sequence[Candidate]) -> Outcome:
+        """`run`, also saying why it fell back (the `Pipeline` puts that on its CHAIN span)."""
         if self._is_async:
             raise TypeError("this stage wraps an async reranker: use `await stage.arun(...)`")
         cands = _checked(query, candidates)
@@ -175,8 +220,8 @@ class RerankStage:
                 return self._failed(span, cands, exc, started)
             return self._succeeded(span, cands, response, started)
 
-    async def arun(self, query: str, candidates: Sequence[Candidate]) -> list[Reranked]:
-        """Async `run`; a sync reranker runs in a worker thread so the event loop stays free."""
+    async def _arun(self, query: str, candidates: Sequence[Candidate]) -> Outcome:
+        """`arun`, also saying why it fell back."""
         cands = _checked(query, candidates)
         with self._span(query, cands) as span:
             started = time.perf_counter()
@@ -228,7 +273,7 @@ class RerankStage:
         cands: list[Candidate],
         response: RerankResponse[Candidate],
         started: float,
-    ) -> list[Reranked]:
+    ) -> Outcome:
         try:
             mapped = map_results(cands, response.results, self.top_k)
         except RerankProtocolError as exc:
@@ -251,14 +296,18 @@ class RerankStage:
                 ATTR_BATCHES: response.batches,
             }
             stats.update(_usage_attributes(response.usage))
-            self._finish_span(span, cands, outputs, stats, model)
+            self._finish_span(span, cands, outputs, stats, model, fell_back=False)
         self._record(started, cands, response, "ok", top1_changed, model)
-        return outputs
+        return Outcome(outputs, None)
 
     def _failed(
         self, span: Span, cands: list[Candidate], exc: RerankError, started: float
-    ) -> list[Reranked]:
-        """Fall back to recall order, or re-raise (the span manager then records the error)."""
+    ) -> Outcome:
+        """Fall back to recall order, or re-raise (the span manager then records the error).
+
+        The fallback span gets no output documents: the reranker produced none, and recall
+        scores under the reranker's "score" label would pass them off as rerank scores.
+        """
         model = self.model_name or _attr(self.reranker, "model_name")
         log.warning(
             "rerank.fallback" if self.on_error == "fallback" else "rerank.failed",
@@ -280,25 +329,33 @@ class RerankStage:
         }
         if self.on_error == "raise":
             if span.is_recording():
-                self._finish_span(span, cands, [], {**stats, ATTR_FALLBACK: False}, model)
+                stats[ATTR_FALLBACK] = False
+                self._finish_span(span, cands, None, stats, model, fell_back=False)
             self._record(started, cands, spent, outcome, None, model)
             raise exc
+        cause = fallback_description(exc, self.max_content_length)
         span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.set_status(Status(StatusCode.ERROR, cause))
         order = recall_order(cands)
         if self.top_k is not None:
             order = order[: self.top_k]
         outputs = [Reranked(cands[i], cands[i].score, i, reranked=False) for i in order]
         if span.is_recording():
             stats.update({ATTR_FALLBACK: True, ATTR_TOP1_CHANGED: False})
-            self._finish_span(span, cands, outputs, stats, model)
+            self._finish_span(span, cands, outputs, stats, model, fell_back=True)
         self._record(started, cands, spent, outcome, False, model)
-        return outputs
+        return Outcome(outputs, cause)
 
     # -- telemetry ---------------------------------------------------------------------------
 
-    def _span(self, query: str, cands: list[Candidate]) -> Any:
-        """Start the RERANKER span with its identity first, so no limit can evict it."""
+    @contextmanager
+    def _span(self, query: str, cands: list[Candidate]) -> Iterator[Span]:
+        """The RERANKER span, current while the reranker runs; its identity is set first, so
+        no limit can evict it, then the context attributes that fit. Under suppression, no span:
+        the invalid span, whose every method is a no-op."""
+        if tracing_suppressed():
+            yield INVALID_SPAN
+            return
         attributes = identity_attributes(
             query=query,
             model_name=self.model_name or _attr(self.reranker, "model_name"),
@@ -308,36 +365,56 @@ class RerankStage:
             config=self.trace_config,
             max_bytes=self.max_content_length,
         )
-        return self._tracer.start_as_current_span(
+        with self._tracer.start_as_current_span(
             "rerank",
             attributes=attributes,
             record_exception=True,
             set_status_on_exception=True,
-        )
+        ) as span:
+            if span.is_recording():
+                extra = context_attributes()
+                if extra:
+                    span.set_attributes(fit_head(span, extra))
+            yield span
 
     def _finish_span(
         self,
         span: Span,
         cands: list[Candidate],
-        outputs: list[Reranked],
+        outputs: list[Reranked] | None,
         stats: dict[str, Any],
         model: str | None,
+        *,
+        fell_back: bool,
     ) -> None:
-        """Outcome attributes, then as many documents as fit. Never raises: telemetry must
-        not turn a good rerank into an error."""
+        """Outcome attributes, then as many documents as fit, in one call. `outputs` None: the
+        call raised, so there is no output. Never raises: telemetry must not turn a good rerank
+        into an error."""
         try:
             if model is not None:
                 stats[RerankerAttributes.RERANKER_MODEL_NAME] = cap_content(
                     model, self.max_content_length
                 )
-            span.set_attributes(fit_stats(span, stats))
+            config = self.trace_config
+            if outputs is not None:
+                value = config.mask(
+                    SpanAttributes.OUTPUT_VALUE,
+                    output_value(outputs, fell_back=fell_back, max_bytes=self.max_content_length),
+                )
+                if value is not None:
+                    stats[SpanAttributes.OUTPUT_VALUE] = value
+                mime_type = config.mask(SpanAttributes.OUTPUT_MIME_TYPE, _JSON_MIME)
+                if mime_type is not None:
+                    stats[SpanAttributes.OUTPUT_MIME_TYPE] = mime_type
             span.set_attributes(
-                document_attributes(
+                outcome_attributes(
                     span,
+                    stats,
                     cands,
-                    outputs,
-                    config=self.trace_config,
+                    () if outputs is None or fell_back else outputs,
+                    config=config,
                     max_content_length=self.max_content_length,
+                    output_content=self.output_content,
                 )
             )
         except Exception as exc:  # pragma: no cover - defensive; see test_stage

@@ -74,16 +74,17 @@ class AsyncByLength:
 
 @pytest.fixture
 def doc_attribute_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count calls of `document_attributes`, under both names the stage could reach it by."""
+    """Count calls of `outcome_attributes` (the end-of-call attributes, documents included),
+    under both names the stage could reach it by."""
     calls: list[int] = []
-    real = spans_module.document_attributes
+    real = spans_module.outcome_attributes
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(spans_module, "document_attributes", counting)
-    monkeypatch.setattr(stage_module, "document_attributes", counting)
+    monkeypatch.setattr(spans_module, "outcome_attributes", counting)
+    monkeypatch.setattr(stage_module, "outcome_attributes", counting)
     return calls
 
 
@@ -205,3 +206,48 @@ def test_each_response_body_is_decoded_once(
         monkeypatch.setattr(json, "loads", real_loads)
     assert result.requests == requests
     assert len(decoded) == requests
+
+
+@pytest.fixture
+def set_attributes_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Sizes of the SDK spans' `set_attributes` calls while the test runs."""
+    from opentelemetry.sdk.trace import Span as SdkSpan
+
+    sizes: list[int] = []
+    real = SdkSpan.set_attributes
+
+    def counting(self: Any, attributes: Any) -> None:
+        sizes.append(len(attributes))
+        real(self, attributes)
+
+    monkeypatch.setattr(SdkSpan, "set_attributes", counting)
+    return sizes
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["ok", "fallback"])
+def test_a_recording_span_gets_its_end_attributes_in_one_call(
+    set_attributes_calls: list[int], recording: TracerProvider, fail: bool
+) -> None:
+    RerankStage(ByLength(fail), tracer_provider=recording).run("q", fifty())
+    (size,) = set_attributes_calls
+    assert size > 50  # the outcome and the documents together
+
+
+def test_document_keys_past_the_precomputed_bound_name_their_position() -> None:
+    from opentelemetry.sdk.trace import SpanLimits
+
+    n = spans_module.KEY_CACHE_BOUND + 10
+    cands = [Candidate(f"doc-{i}", f"t{i}", float(i)) for i in range(n)]
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=SpanLimits.UNSET))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    RerankStage(ByLength(), tracer_provider=provider).run("q", cands)
+    (span,) = exporter.get_finished_spans()
+    attributes = span.attributes or {}
+    for i in (0, spans_module.KEY_CACHE_BOUND - 1, spans_module.KEY_CACHE_BOUND, n - 1):
+        assert attributes[f"reranker.input_documents.{i}.document.id"] == f"doc-{i}"
+        assert attributes[f"reranker.input_documents.{i}.document.score"] == float(i)
+    # ByLength: longer text first, then input order; position 0 of the output is doc-1000.
+    assert attributes["reranker.output_documents.0.document.id"] == "doc-1000"
+    assert attributes[f"reranker.output_documents.{n - 1}.document.id"] == "doc-9"
+    assert attributes[f"reranker.output_documents.{n - 1}.document.score"] == 2.0

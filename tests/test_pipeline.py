@@ -114,8 +114,10 @@ def test_chain_span_has_exactly_its_attributes(spans: Spans) -> None:
     assert attributes.pop("retrieval_stage.recall_k") == 3
     assert json.loads(str(attributes.pop("output.value"))) == ["b", "c", "a"]
     assert attributes.pop("output.mime_type") == "application/json"
+    assert attributes.pop("retrieval_stage.fallback") is False
     assert not attributes
     assert [r.candidate.id for r in result.results] == ["b", "c", "a"]
+    assert named["pipeline"].status.status_code is StatusCode.UNSET
 
 
 def test_retriever_span_lists_the_recalled_documents_with_recall_scores(spans: Spans) -> None:
@@ -246,15 +248,55 @@ def test_recall_failure_fails_the_call_and_marks_both_spans(spans: Spans) -> Non
     assert finished["pipeline"].status.status_code is StatusCode.ERROR
 
 
+def scrambled_recall() -> FixedRecall:
+    """A recall whose answer is not in recall-score order: recall order is c, a, b."""
+    return FixedRecall(
+        [
+            Candidate("a", "short", 2.0),
+            Candidate("b", "the longest text", 1.0),
+            Candidate("c", "medium text", 3.0),
+        ]
+    )
+
+
+FELL_BACK = "fell back to recall order: RerankTransportError: connection refused"
+
+
+def assert_chain_says_it_fell_back(chain: ReadableSpan) -> None:
+    attributes = dict(chain.attributes or {})
+    assert attributes.pop("openinference.span.kind") == "CHAIN"
+    assert attributes.pop("input.value") == "q"
+    assert attributes.pop("input.mime_type") == "text/plain"
+    assert attributes.pop("retrieval_stage.recall") == "fixed"
+    assert attributes.pop("retrieval_stage.recall_k") == 50
+    assert json.loads(str(attributes.pop("output.value"))) == ["c", "a", "b"]
+    assert attributes.pop("output.mime_type") == "application/json"
+    assert attributes.pop("retrieval_stage.fallback") is True
+    assert not attributes
+    assert chain.status.status_code is StatusCode.ERROR
+    assert chain.status.description == FELL_BACK
+
+
 def test_reranker_failure_falls_back_to_recall_order_inside_the_trace(spans: Spans) -> None:
     provider, exporter = spans
     stage = RerankStage(FailingReranker(), tracer_provider=provider)
-    result = Pipeline(FixedRecall(three()), stage, tracer_provider=provider).run("q")
+    result = Pipeline(scrambled_recall(), stage, tracer_provider=provider).run("q")
     assert result.fell_back
+    assert [r.candidate.id for r in result.results] == ["c", "a", "b"]
     assert [c.movement for c in result.changes] == ["=", "=", "="]
     named = by_name(exporter)
     assert named["rerank"].status.status_code is StatusCode.ERROR
-    assert named["pipeline"].status.status_code is StatusCode.UNSET
+    assert named["rerank"].status.description == FELL_BACK
+    assert_chain_says_it_fell_back(named["pipeline"])
+    assert named["recall"].status.status_code is StatusCode.UNSET
+
+
+async def test_async_reranker_failure_marks_the_chain_span_too(spans: Spans) -> None:
+    provider, exporter = spans
+    stage = RerankStage(FailingReranker(), tracer_provider=provider)
+    result = await Pipeline(scrambled_recall(), stage, tracer_provider=provider).arun("q")
+    assert [r.candidate.id for r in result.results] == ["c", "a", "b"]
+    assert_chain_says_it_fell_back(by_name(exporter)["pipeline"])
 
 
 async def test_arun_writes_the_same_trace_shape(spans: Spans) -> None:

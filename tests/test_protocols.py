@@ -253,11 +253,13 @@ class Failing:
 
 def test_min_score_is_not_applied_to_the_recall_order_fallback() -> None:
     # Recall scores are on another scale than the model's: the gate would be meaningless.
-    outputs = RerankStage(Failing(), min_score=0.45).run("q", CANDS)
-    assert [(o.candidate.id, o.score, o.reranked) for o in outputs] == [
-        ("a", 0.5, False),
-        ("b", 0.4, False),
-        ("c", 0.3, False),
+    # The input order (c, a, b) is not the recall order (a, b, c), so recall order shows.
+    scrambled = [CANDS[2], CANDS[0], CANDS[1]]
+    outputs = RerankStage(Failing(), min_score=0.45).run("q", scrambled)
+    assert [(o.candidate.id, o.score, o.reranked, o.input_index) for o in outputs] == [
+        ("a", 0.5, False, 1),
+        ("b", 0.4, False, 2),
+        ("c", 0.3, False, 0),
     ]
 
 

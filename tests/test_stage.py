@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -57,18 +58,22 @@ def test_span_has_exactly_the_openinference_reranker_attributes(wm: WireMock, sp
         RerankStage(client, tracer_provider=provider, top_k=2).run("what moved?", two())
     span = only_span(exporter)
     attributes = dict(span.attributes)
-    expected = {
+    expected = {  # in the order they are set: identity, outcome, inputs, outputs
         "openinference.span.kind": "RERANKER",
         "reranker.query": "what moved?",
-        "reranker.model_name": "bge-reranker-base",
         "reranker.top_k": 2,
         "retrieval_stage.provider": "tei",
         "retrieval_stage.documents": 2,
+        "input.value": "what moved?",
+        "input.mime_type": "text/plain",
         "retrieval_stage.fallback": False,
         "retrieval_stage.top1_changed": True,
         "retrieval_stage.requests": 1,
         "retrieval_stage.retries": 0,
         "retrieval_stage.batches": 1,
+        "reranker.model_name": "bge-reranker-base",  # from the response: set at the end
+        "output.value": '{"documents":[{"id":"doc-b","score":0.97},{"id":"doc-a","score":0.02}]}',
+        "output.mime_type": "application/json",
         "reranker.input_documents.0.document.id": "doc-a",
         "reranker.input_documents.0.document.content": "first text",
         "reranker.input_documents.0.document.score": 0.9,
@@ -84,6 +89,7 @@ def test_span_has_exactly_the_openinference_reranker_attributes(wm: WireMock, sp
         "reranker.output_documents.1.document.score": 0.02,
         "reranker.output_documents.1.document.metadata": '{"page": 3, "source": "wiki"}',
     }
+    assert list(attributes) == list(expected), "attributes are set in this order"
     for key, value in expected.items():
         assert attributes.pop(key) == value, key
     assert not attributes, f"unexpected attributes: {attributes}"
@@ -92,28 +98,83 @@ def test_span_has_exactly_the_openinference_reranker_attributes(wm: WireMock, sp
     assert span.dropped_attributes == 0
 
 
-def test_fallback_returns_recall_order_and_marks_the_span(wm: WireMock, spans: Spans) -> None:
-    provider, exporter = spans
-    cands = [
+def scrambled() -> list[Candidate]:
+    """Candidates whose recall order (high, tie, low, none) is not their input order."""
+    return [
         Candidate("low", "l", 0.1),
         Candidate("none", "n"),
-        Candidate("high", "h", 0.8),
+        Candidate("high", "h", 0.8, {"k": 1}),
         Candidate("tie", "t", 0.8),
     ]
+
+
+RECALL_ORDER = ["high", "tie", "low", "none"]
+
+SCRAMBLED_INPUTS = {
+    "reranker.input_documents.0.document.id": "low",
+    "reranker.input_documents.0.document.content": "l",
+    "reranker.input_documents.0.document.score": 0.1,
+    "reranker.input_documents.1.document.id": "none",
+    "reranker.input_documents.1.document.content": "n",
+    "reranker.input_documents.2.document.id": "high",
+    "reranker.input_documents.2.document.content": "h",
+    "reranker.input_documents.2.document.score": 0.8,
+    "reranker.input_documents.2.document.metadata": '{"k": 1}',
+    "reranker.input_documents.3.document.id": "tie",
+    "reranker.input_documents.3.document.content": "t",
+    "reranker.input_documents.3.document.score": 0.8,
+}
+
+UNAUTHORIZED = "RerankStatusError: HTTP 401 from tei: invalid api key (Unauthorized)"
+
+
+def assert_exactly(attributes: Any, expected: dict[str, Any]) -> None:
+    """Pop each expected attribute, then nothing may be left: an extra one fails too."""
+    left = dict(attributes)
+    for key, value in expected.items():
+        assert key in left, f"missing {key}"
+        assert left.pop(key) == value, key
+    assert not left, f"unexpected attributes: {left}"
+
+
+def test_fallback_returns_recall_order_and_marks_the_span_exactly(
+    wm: WireMock, spans: Spans
+) -> None:
+    provider, exporter = spans
+    cands = scrambled()
     with RerankClient(wm.url + "/tei/unauthorized") as client:
         out = RerankStage(client, tracer_provider=provider).run("q", cands)
-    assert [r.candidate.id for r in out] == ["high", "tie", "low", "none"]
+    assert [r.candidate.id for r in out] == RECALL_ORDER
+    assert [r.input_index for r in out] == [2, 3, 0, 1]
     assert [r.score for r in out] == [0.8, 0.8, 0.1, None]
     assert not any(r.reranked for r in out)
     span = only_span(exporter)
     assert span.status.status_code == StatusCode.ERROR
-    assert span.attributes["retrieval_stage.fallback"] is True
-    assert span.attributes["error.type"] == "RerankStatusError"
+    assert span.status.description == f"fell back to recall order: {UNAUTHORIZED}"
     assert [e.name for e in span.events] == ["exception"]
-    assert span.attributes["reranker.output_documents.0.document.id"] == "high"
-    assert "reranker.output_documents.3.document.score" not in span.attributes
-    assert span.attributes["retrieval_stage.requests"] == 1
-    assert span.attributes["retrieval_stage.retries"] == 0
+    # The reranker produced no output: no output documents, so no recall score is ever
+    # shown under the reranker's "score"; output.value names the returned order as recall.
+    assert_exactly(
+        span.attributes,
+        {
+            "openinference.span.kind": "RERANKER",
+            "reranker.query": "q",
+            "retrieval_stage.provider": "tei",
+            "retrieval_stage.documents": 4,
+            "input.value": "q",
+            "input.mime_type": "text/plain",
+            "error.type": "RerankStatusError",
+            "retrieval_stage.requests": 1,
+            "retrieval_stage.retries": 0,
+            "retrieval_stage.batches": 0,
+            "retrieval_stage.fallback": True,
+            "retrieval_stage.top1_changed": False,
+            "output.value": '{"order":"recall","documents":'
+            '[{"id":"high"},{"id":"tie"},{"id":"low"},{"id":"none"}]}',
+            "output.mime_type": "application/json",
+            **SCRAMBLED_INPUTS,
+        },
+    )
 
 
 def test_failed_call_records_what_it_spent(wm: WireMock, spans: Spans) -> None:
@@ -123,7 +184,8 @@ def test_failed_call_records_what_it_spent(wm: WireMock, spans: Spans) -> None:
         with pytest.raises(RerankStatusError) as caught:
             client.rerank("q", ["A"])
         assert (caught.value.requests, caught.value.retries) == (3, 2)
-        RerankStage(client, tracer_provider=provider).run("q", two())
+        out = RerankStage(client, tracer_provider=provider).run("q", scrambled())
+    assert [r.candidate.id for r in out] == RECALL_ORDER
     span = only_span(exporter)
     assert span.attributes["retrieval_stage.fallback"] is True
     assert span.attributes["retrieval_stage.requests"] == 3
@@ -131,15 +193,31 @@ def test_failed_call_records_what_it_spent(wm: WireMock, spans: Spans) -> None:
     assert [e.name for e in span.events].count("rerank.retry_scheduled") == 2
 
 
-def test_on_error_raise_reraises_and_records_once(wm: WireMock, spans: Spans) -> None:
+def test_on_error_raise_reraises_and_records_once_exactly(wm: WireMock, spans: Spans) -> None:
     provider, exporter = spans
     with RerankClient(wm.url + "/tei/unauthorized") as client, pytest.raises(RerankStatusError):
-        RerankStage(client, tracer_provider=provider, on_error="raise").run("q", two())
+        RerankStage(client, tracer_provider=provider, on_error="raise").run("q", scrambled())
     span = only_span(exporter)
     assert span.status.status_code == StatusCode.ERROR
+    assert span.status.description == UNAUTHORIZED
     assert [e.name for e in span.events] == ["exception"]
-    assert span.attributes["retrieval_stage.fallback"] is False
-    assert "reranker.output_documents.0.document.id" not in span.attributes
+    assert_exactly(
+        span.attributes,
+        {
+            "openinference.span.kind": "RERANKER",
+            "reranker.query": "q",
+            "retrieval_stage.provider": "tei",
+            "retrieval_stage.documents": 4,
+            "input.value": "q",
+            "input.mime_type": "text/plain",
+            "error.type": "RerankStatusError",
+            "retrieval_stage.requests": 1,
+            "retrieval_stage.retries": 0,
+            "retrieval_stage.batches": 0,
+            "retrieval_stage.fallback": False,
+            **SCRAMBLED_INPUTS,
+        },
+    )
 
 
 def fifty() -> list[Candidate]:
@@ -231,7 +309,7 @@ def test_not_recording_span_builds_no_document_attributes(
     calls: list[Any] = []
     import retrieval_stage.stage as stage_module
 
-    monkeypatch.setattr(stage_module, "document_attributes", lambda *a, **k: calls.append(a) or {})
+    monkeypatch.setattr(stage_module, "outcome_attributes", lambda *a, **k: calls.append(a) or {})
     provider = TracerProvider(sampler=ALWAYS_OFF)
     reranker = Recording()
     out = RerankStage(reranker, tracer_provider=provider).run("q", fifty())
@@ -245,13 +323,17 @@ def test_user_reranker_returning_a_stranger_falls_back(spans: Spans) -> None:
 
     class Liar:
         def rerank(self, query: str, items: Sequence[T], **_: Any) -> list[tuple[Any, float]]:
-            return [(Candidate("x", "not given"), 1.0)]
+            return [(Candidate("x", "not given"), 1.0), *((i, 0.5) for i in items[1:])]
 
-    cands = two()
+    cands = scrambled()
     out = RerankStage(Liar(), tracer_provider=provider).run("q", cands)
-    assert [r.candidate for r in out] == cands
+    assert [r.candidate.id for r in out] == RECALL_ORDER
     span = only_span(exporter)
     assert span.attributes["error.type"] == RerankProtocolError.__name__
+    assert span.status.description == (
+        "fell back to recall order: RerankProtocolError: "
+        "reranker result 0 is not one of the candidates given, or is returned twice"
+    )
 
 
 def test_empty_candidates_make_no_request_and_a_span(wm: WireMock, spans: Spans) -> None:
@@ -331,3 +413,67 @@ async def test_cancelled_arun_ends_its_span_as_cancelled(wm: WireMock, spans: Sp
     assert span.status.status_code == StatusCode.ERROR
     assert span.status.description == "cancelled"
     assert span.attributes["retrieval_stage.cancelled"] is True
+
+
+class Scoring:
+    """A user's reranker that gives every candidate the same, given score."""
+
+    def __init__(self, score: Any) -> None:
+        self.score = score
+
+    def rerank(self, query: str, items: Sequence[T], **_: Any) -> list[tuple[T, Any]]:
+        return [(item, self.score) for item in items]
+
+
+NOT_FINITE = {
+    "nan": float("nan"),
+    "+inf": float("inf"),
+    "-inf": float("-inf"),
+    "numpy.float32 nan": np.float32("nan"),
+    "numpy.float64 +inf": np.float64("inf"),
+}
+
+
+@pytest.mark.parametrize("score", NOT_FINITE.values(), ids=list(NOT_FINITE))
+def test_a_score_that_is_not_finite_from_a_users_reranker_falls_back(
+    spans: Spans, score: Any
+) -> None:
+    provider, exporter = spans
+    out = RerankStage(Scoring(score), tracer_provider=provider).run("q", scrambled())
+    assert [r.candidate.id for r in out] == RECALL_ORDER
+    assert [r.score for r in out] == [0.8, 0.8, 0.1, None]
+    assert not any(r.reranked for r in out)
+    span = only_span(exporter)
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.status.description == (
+        "fell back to recall order: RerankProtocolError: "
+        "reranker result 0: score is not a finite number"
+    )
+    assert span.attributes["error.type"] == "RerankProtocolError"
+    assert span.attributes["retrieval_stage.fallback"] is True
+    assert not [k for k in span.attributes if k.startswith("reranker.output_documents.")]
+
+
+@pytest.mark.parametrize("score", NOT_FINITE.values(), ids=list(NOT_FINITE))
+async def test_a_score_that_is_not_finite_from_an_async_reranker_falls_back(
+    spans: Spans, score: Any
+) -> None:
+    provider, exporter = spans
+
+    class AsyncScoring:
+        async def rerank(self, query: str, items: Sequence[T], **_: Any) -> list[tuple[T, Any]]:
+            return Scoring(score).rerank(query, items)
+
+    out = await RerankStage(AsyncScoring(), tracer_provider=provider).arun("q", scrambled())
+    assert [r.candidate.id for r in out] == RECALL_ORDER
+    assert only_span(exporter).status.description.startswith(
+        "fell back to recall order: RerankProtocolError"
+    )
+
+
+def test_a_score_that_is_not_finite_raises_with_on_error_raise(spans: Spans) -> None:
+    provider, exporter = spans
+    stage = RerankStage(Scoring(float("nan")), tracer_provider=provider, on_error="raise")
+    with pytest.raises(RerankProtocolError, match="not a finite number"):
+        stage.run("q", scrambled())
+    assert only_span(exporter).status.status_code == StatusCode.ERROR
