@@ -37,7 +37,7 @@ from opentelemetry.util.types import AttributeValue
 
 from ._otel_private import tracing_suppressed
 from ._version import __version__
-from .models import Candidate, Reranked
+from .models import Candidate, Reranked, recall_order
 from .spans import (
     ATTR_CANCELLED,
     ATTR_DOCUMENTS,
@@ -47,7 +47,7 @@ from .spans import (
     context_attributes,
     metadata_json,
 )
-from .stage import RerankStage, recall_order
+from .stage import RerankStage
 
 __all__ = [
     "ATTR_RECALL",

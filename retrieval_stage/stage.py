@@ -32,7 +32,7 @@ from ._otel_private import tracing_suppressed
 from ._version import __version__
 from .errors import RerankError, RerankProtocolError
 from .metrics import RerankMetrics
-from .models import Candidate, Reranked, RerankResponse, Usage
+from .models import Candidate, Reranked, RerankResponse, Usage, recall_order
 from .spans import (
     ATTR_BATCHES,
     ATTR_CANCELLED,
@@ -67,14 +67,6 @@ class Outcome(NamedTuple):
 
     outputs: list[Reranked]
     fallback_cause: str | None
-
-
-def recall_order(candidates: Sequence[Candidate]) -> list[int]:
-    """Input positions ordered by recall score, best first; stable; missing scores last."""
-    return sorted(
-        range(len(candidates)),
-        key=lambda i: (candidates[i].score is None, -(candidates[i].score or 0.0), i),
-    )
 
 
 def map_results(
