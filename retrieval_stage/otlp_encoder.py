@@ -85,22 +85,39 @@ _TRUE = b"\x10\x01"
 _FALSE = b"\x10\x00"
 
 _KEY_CACHE_LIMIT = 8192
-_key_cache: dict[str, bytes] = {}
 
 
-def _key_field(key: str) -> bytes:
-    """KeyValue.key (field 1) with its tag and length; empty for the proto3 default ""."""
-    cached = _key_cache.get(key)
-    if cached is not None:
-        return cached
-    if type(key) is not str:
-        raise UnsupportedValue(f"attribute key of type {type(key).__name__}")
-    raw = key.encode("utf-8")
-    field = b"\x0a" + _varint(len(raw)) + raw if raw else b""
+class _Key:
+    """What every attribute with this key starts with, computed once per key.
+
+    `head` is KeyValue.key (field 1, absent for "") followed by the tag of KeyValue.value
+    (field 2); `double` is everything after the outer tag up to a double's 8 bytes: the
+    KeyValue's length, `head`, the AnyValue's length (9) and the double_value tag.
+    """
+
+    __slots__ = ("double", "head", "size")
+
+    def __init__(self, key: str) -> None:
+        if type(key) is not str:
+            raise UnsupportedValue(f"attribute key of type {type(key).__name__}")
+        raw = key.encode("utf-8")
+        self.head = (b"\x0a" + _varint(len(raw)) + raw if raw else b"") + b"\x12"
+        self.size = len(self.head)
+        self.double = _varint(self.size + 10) + self.head + b"\x09\x21"
+
+
+_key_cache: dict[str, _Key] = {}
+
+
+def _key(key: str) -> _Key:
     if len(_key_cache) >= _KEY_CACHE_LIMIT:
         _key_cache.clear()
-    _key_cache[key] = field
-    return field
+    entry = _key_cache[key] = _Key(key)
+    return entry
+
+
+# AnyValue.string_value's tag and length, for the lengths most strings have.
+_STRING_HEADS: list[bytes] = [b"\x0a" + v for v in _VARINTS]
 
 
 def _any_value(value: Any) -> bytes:
@@ -167,34 +184,38 @@ def _attributes(out: bytearray, tag: bytes, attributes: Mapping[str, Any] | None
         items = attributes.items()
     key_cache = _key_cache
     varints = _VARINTS
+    heads = _STRING_HEADS
     limit = _SMALL_VARINT_LIMIT
+    double = _DOUBLE
     for key, value in items:
-        key_field = key_cache.get(key)
-        if key_field is None:
-            key_field = _key_field(key)
-        if type(value) is str:
+        entry = key_cache.get(key)
+        if entry is None:
+            entry = _key(key)
+        kind = type(value)
+        if kind is str:
             raw = value.encode("utf-8")
             size = len(raw)
-            size_varint = varints[size] if size < limit else _varint(size)
-            value_len = 1 + len(size_varint) + size
+            string_head = heads[size] if size < limit else b"\x0a" + _varint(size)
+            value_len = len(string_head) + size
             value_len_varint = varints[value_len] if value_len < limit else _varint(value_len)
-            kv_len = len(key_field) + 1 + len(value_len_varint) + value_len
+            kv_len = entry.size + len(value_len_varint) + value_len
             out += tag
             out += varints[kv_len] if kv_len < limit else _varint(kv_len)
-            out += key_field
-            out += b"\x12"
+            out += entry.head
             out += value_len_varint
-            out += b"\x0a"
-            out += size_varint
+            out += string_head
             out += raw
+        elif kind is float:
+            out += tag
+            out += entry.double
+            out += double(value)
         else:
             body = _any_value(value)
             body_len_varint = _varint(len(body))
-            kv_len = len(key_field) + 1 + len(body_len_varint) + len(body)
+            kv_len = entry.size + len(body_len_varint) + len(body)
             out += tag
             out += _varint(kv_len)
-            out += key_field
-            out += b"\x12"
+            out += entry.head
             out += body_len_varint
             out += body
 
