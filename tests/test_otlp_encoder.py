@@ -559,3 +559,28 @@ def test_sdk_export_is_the_one_the_fast_exporter_mirrors() -> None:
         "the SDK's OTLPSpanExporter.export changed: re-sync "
         "FastOTLPSpanExporter._export_serialized with it, then update SDK_EXPORT_SHA256"
     )
+
+
+def test_output_stays_identical_when_the_key_cache_overflows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(otlp_encoder, "_KEY_CACHE_LIMIT", 3)
+    spans = one_span({f"k{i}": (1.5 if i % 2 else "v") for i in range(10)})
+    assert_identical(spans)
+    assert len(otlp_encoder._key_cache) <= 3
+
+
+def test_configure_tracing_with_the_fast_exporter_delivers_the_reranker_span(
+    receiver: Receiver,
+) -> None:
+    from retrieval_stage.telemetry import configure_tracing
+
+    provider = configure_tracing(exporter=FastOTLPSpanExporter(endpoint=receiver.url))
+    RerankStage(Reverse(), tracer_provider=provider).run("q", documents(50))
+    provider.shutdown()
+    (body,) = receiver.bodies
+    request = ExportTraceServiceRequest.FromString(body)
+    (span,) = request.resource_spans[0].scope_spans[0].spans
+    kinds = [a.value.string_value for a in span.attributes if a.key == "openinference.span.kind"]
+    assert kinds == ["RERANKER"]
+    assert len(span.attributes) > 300
