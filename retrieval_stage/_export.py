@@ -149,7 +149,7 @@ def _missing_grpc(signal: Signal, exc: ImportError) -> OtlpExtraMissingError:
 
 
 def span_exporter(target: OtlpTarget) -> SpanExporter:
-    """The SDK's OTLP span exporter for `target` (gRPC imported only when asked for)."""
+    """The OTLP span exporter for `target` (gRPC imported only when asked for)."""
     headers = dict(target.headers) or None
     if target.protocol == "grpc":
         try:
@@ -159,9 +159,11 @@ def span_exporter(target: OtlpTarget) -> SpanExporter:
         except ImportError as exc:
             raise _missing_grpc("traces", exc) from exc
         return GrpcSpanExporter(endpoint=target.endpoint, headers=headers, timeout=target.timeout)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    # OTLP/HTTP: the SDK's exporter with our byte-identical, ~7x faster protobuf encoder
+    # (RETRIEVAL_STAGE_FAST_OTLP=0 turns it off); gRPC keeps the SDK's own path.
+    from .otlp_exporter import FastOTLPSpanExporter
 
-    return OTLPSpanExporter(endpoint=target.endpoint, headers=headers, timeout=target.timeout)
+    return FastOTLPSpanExporter(endpoint=target.endpoint, headers=headers, timeout=target.timeout)
 
 
 def _points(metrics_data: MetricsData) -> int:

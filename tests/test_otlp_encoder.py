@@ -584,3 +584,17 @@ def test_configure_tracing_with_the_fast_exporter_delivers_the_reranker_span(
     kinds = [a.value.string_value for a in span.attributes if a.key == "openinference.span.kind"]
     assert kinds == ["RERANKER"]
     assert len(span.attributes) > 300
+
+
+def test_configure_tracings_http_exporter_uses_the_fast_encoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The exporter the library builds for OTLP/HTTP is ours; gRPC keeps the SDK's."""
+    from retrieval_stage.telemetry import otlp_span_exporter
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
+    exporter = otlp_span_exporter(endpoint="http://127.0.0.1:9")
+    try:
+        assert isinstance(exporter, FastOTLPSpanExporter)
+    finally:
+        exporter.shutdown()
