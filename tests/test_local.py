@@ -197,3 +197,66 @@ async def test_async_twin_scores_in_a_thread_and_maps_the_same(tiny_model: Path)
     assert [t for t, _ in result] == [TEXTS[i] for i in best_two]
     assert reranker.provider == "local"
     assert reranker.model_name == tiny_model.name
+
+
+# -- what is refused as a cross-encoder ------------------------------------------------------
+
+
+def test_the_packaged_bi_encoder_is_refused_as_a_cross_encoder() -> None:
+    from retrieval_stage.model_source import NotACrossEncoderError
+
+    from ._minilm import packaged_path
+
+    for model in (packaged_path(), "sentence-transformers/all-MiniLM-L6-v2"):
+        with pytest.raises(NotACrossEncoderError) as caught:
+            CrossEncoderReranker(model)
+        message = str(caught.value)
+        assert "no trained sequence-classification head" in message
+        assert "EmbeddingReranker" in message
+        assert "--reranker embedding" in message
+    assert issubclass(NotACrossEncoderError, ValueError)
+
+
+def test_a_plain_encoder_directory_is_refused(tmp_path: Path, tiny_model: Path) -> None:
+    from retrieval_stage.model_source import NotACrossEncoderError, check_cross_encoder
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    config = json.loads((tiny_model / "config.json").read_text(encoding="utf-8"))
+    (plain / "config.json").write_text(
+        json.dumps({**config, "architectures": ["BertModel"]}), encoding="utf-8"
+    )
+    with pytest.raises(NotACrossEncoderError, match=r"plain encoder.*\(BertModel\)"):
+        check_cross_encoder(plain)
+    with pytest.raises(NotACrossEncoderError):
+        CrossEncoderReranker(plain, local_files_only=True)
+
+
+def test_a_trained_cross_encoder_is_accepted(tmp_path: Path, tiny_model: Path) -> None:
+    from retrieval_stage.model_source import check_cross_encoder
+
+    check_cross_encoder(tiny_model)  # architectures: BertForSequenceClassification
+    sentence_transformers_cross_encoder = tmp_path / "st-cross-encoder"
+    sentence_transformers_cross_encoder.mkdir()
+    (sentence_transformers_cross_encoder / "config_sentence_transformers.json").write_text(
+        json.dumps({"model_type": "CrossEncoder"}), encoding="utf-8"
+    )
+    (sentence_transformers_cross_encoder / "config.json").write_text(
+        json.dumps({"architectures": ["SomethingNew"]}), encoding="utf-8"
+    )
+    check_cross_encoder(sentence_transformers_cross_encoder)
+    check_cross_encoder(tmp_path)  # no config at all: the loader judges
+    assert CrossEncoderReranker(tiny_model, local_files_only=True).rerank(QUERY, TEXTS)
+
+
+def test_a_cross_encoder_not_on_disk_fails_fast_when_offline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from retrieval_stage.model_source import ModelUnavailableError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    reranker = CrossEncoderReranker("someone/not-downloaded-cross-encoder")
+    with pytest.raises(
+        ModelUnavailableError, match=r"could not load cross-encoder.*HF_HUB_OFFLINE"
+    ):
+        reranker.load()
