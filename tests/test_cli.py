@@ -22,6 +22,7 @@ from retrieval_stage.local import local_available
 from .conftest import WireMock
 
 SCRIPT = Path(sys.executable).parent / "retrieval-stage"
+ROOT = Path(__file__).resolve().parents[1]
 CANDIDATES = (
     '{"id": "a", "text": "Bananas are yellow fruit.", "score": 0.9}\n'
     '{"id": "b", "text": "Rust is a programming language.", "score": 0.5}\n'
@@ -50,6 +51,8 @@ def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RERANK_"))}
     empty_home = Path(tempfile.gettempdir()) / "retrieval-stage-tests-empty-hf-home"
     env.update({"HF_HUB_OFFLINE": "1", "HF_HOME": str(empty_home), "COLUMNS": "160"})
+    # The script imports this checkout's package, not whichever one the venv installed.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
 
@@ -537,7 +540,8 @@ def test_summary_says_when_the_otlp_export_failed(wm: WireMock) -> None:
                     OTEL_EXPORTER_OTLP_ENDPOINT=wm.url)  # fmt: skip
     assert result.exit_code == 0, result.stderr
     assert len(wm.requests("/v1/traces")) == 1
-    assert f"OTLP export to {wm.url} failed (1 of 1 spans not delivered)" in flat(result.stderr)
+    failed = f"OTLP export to {wm.url}/v1/traces failed (1 of 1 spans not delivered)"
+    assert failed in flat(result.stderr)
     assert "sent to OTLP" not in result.stderr
 
 
