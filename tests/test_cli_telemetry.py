@@ -154,10 +154,12 @@ def test_project_from_the_environment_and_the_service_name_by_default(tmp_path: 
         assert result.exit_code == 0, result.output
         record = json.loads(trace_file.read_text().splitlines()[0])
         attributes = record["resourceSpans"][0]["resource"]["attributes"]
-        return next(
-            a["value"]["stringValue"]
-            for a in attributes
-            if a["key"] == "openinference.project.name"
+        return str(
+            next(
+                a["value"]["stringValue"]
+                for a in attributes
+                if a["key"] == "openinference.project.name"
+            )
         )
 
     assert project() == "retrieval-stage"
