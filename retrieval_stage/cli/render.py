@@ -10,7 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import RerankError
-from .console import COMPOSE_UP, EXIT_FAILURE, fail, note, scrubbed, shown_url
+from .console import EXIT_FAILURE, fail, note
+from .failure import Failure, Witness, describe
 from .reranker import Chosen
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "rerank_failed",
     "say_reranker",
     "snippet",
+    "why_failed",
 ]
 
 SNIPPET_CHARS = 72
@@ -43,7 +45,7 @@ def changes_table(
             str(c.rank),
             str(c.recall_rank),
             c.movement,
-            _number(c.score),
+            _number(c.score) if c.reranked else "—",  # a recall score is no rerank score
             _number(c.recall_score),
             c.candidate.id,
             c,
@@ -84,15 +86,27 @@ def say_reranker(console: Console, chosen: Chosen) -> None:
         note(console, chosen.hint, style="yellow")
 
 
-def rerank_failed(chosen: Chosen, exc: RerankError) -> NoReturn:
-    base_url = chosen.base_url
-    if base_url is None:
-        fail(EXIT_FAILURE, f"rerank failed: {exc}")
-    fail(
-        EXIT_FAILURE,
-        f"rerank failed: {scrubbed(str(exc), base_url)}",
-        f"is the rerank service at {shown_url(base_url)} up? For a local TEI: {COMPOSE_UP}",
+def why_failed(chosen: Chosen, exc: RerankError, stage: Any, timeout: float | None) -> Failure:
+    """What happened to the call that raised `exc`, in words (see `failure.describe`)."""
+    witness = getattr(stage, "reranker", None)
+    elapsed = witness.last_elapsed if isinstance(witness, Witness) else None
+    provider = getattr(chosen.reranker, "provider", None)
+    return describe(
+        exc,
+        base_url=chosen.base_url,
+        provider=provider if isinstance(provider, str) else None,
+        timeout=timeout,
+        elapsed=elapsed,
     )
+
+
+def rerank_failed(
+    chosen: Chosen, exc: RerankError, stage: Any = None, timeout: float | None = None
+) -> NoReturn:
+    """Exit 1 saying what happened (and the hint, only where it is the likely cause)."""
+    failure = why_failed(chosen, exc, stage, timeout)
+    details = [failure.hint] if failure.hint else []
+    fail(EXIT_FAILURE, f"rerank failed: {failure.message}", *details)
 
 
 def metrics_table(report: Any) -> Table:

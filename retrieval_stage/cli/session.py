@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .._shutdown import ShutdownReport
 from .console import EXIT_USAGE, err, fail, note, scrubbed
+from .failure import Witness
 from .options import DEFAULT_TELEMETRY_TIMEOUT_S, SERVICE_NAME, RerankOptions
 from .reranker import Chosen, choose_reranker
 
@@ -110,12 +111,13 @@ class Tracing:
         """The command's `RerankStage`, traced and metered here.
 
         ``on_error="raise"`` (rerank, eval: exit code 1) or ``"fallback"`` (demo: the stage
-        returns recall order, marked, and the span says it fell back).
+        returns recall order, marked, and the span says it fell back). Its reranker is a
+        `Witness` of the chosen one: ``stage.reranker.last_error`` says why a call failed.
         """
         from ..stage import RerankStage
 
         return RerankStage(
-            chosen.reranker,
+            Witness(chosen.reranker),  # remembers why a call failed, for the message
             top_k=top_k,
             on_error=on_error,  # type: ignore[arg-type]
             tracer_provider=self.provider,
