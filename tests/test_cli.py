@@ -349,7 +349,7 @@ def test_rerank_input_file_errors_are_usage_errors(tmp_path: Path) -> None:
     assert wrong.exit_code == 2
     assert wrong.stdout == ""
     assert f"--input {bad}: 1 bad line" in flat(wrong.stderr)
-    assert 'line 2: "id" must be a string or an integer, got a boolean' in flat(wrong.stderr)
+    assert 'line 2: "id" must be a string, got a boolean' in flat(wrong.stderr)
 
 
 def test_input_that_is_not_utf8_is_a_usage_error_naming_the_line(tmp_path: Path) -> None:

@@ -285,7 +285,7 @@ def rerank(
             console = out()
             console.print(
                 changes_table(
-                    changes, score_label="score", recall_label="recall", width=console.width
+                    changes, score_label="score", recall_label="recall score", width=console.width
                 )
             )
         else:

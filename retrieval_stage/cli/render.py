@@ -25,6 +25,9 @@ __all__ = [
 ]
 
 SNIPPET_CHARS = 72
+MAX_ID = 40
+MIN_ID = 6
+MIN_SNIPPET = 8
 
 
 def snippet(text: str, width: int = SNIPPET_CHARS) -> str:
@@ -52,10 +55,12 @@ def changes_table(
         )
         for c in changes
     ]
-    headers = ("rank", "recall", "move", score_label, recall_label, "id")
+    headers = ("rank", "recall rank", "move", score_label, recall_label, "id")
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    widths[5] = min(widths[5], 40)
-    snippet_width = max(12, width - sum(widths) - 3 * len(headers))
+    # Numbers are never cut: the id and the snippet share what the number columns leave.
+    left = width - sum(widths[:5]) - 3 * len(headers)  # 6 separators of " │ "
+    widths[5] = max(MIN_ID, min(widths[5], MAX_ID, left - MIN_SNIPPET))
+    snippet_width = max(MIN_SNIPPET, left - widths[5])
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
     for i, header in enumerate(headers):
         table.add_column(
@@ -64,6 +69,7 @@ def changes_table(
             no_wrap=True,
             overflow="ellipsis",
             width=widths[i],
+            min_width=widths[i],
         )
     table.add_column("snippet", no_wrap=True, overflow="ellipsis", width=snippet_width)
     for rank, recall_rank, movement, score, recall_score, ident, change in rows:
