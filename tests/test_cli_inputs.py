@@ -74,12 +74,12 @@ def test_the_same_rule_in_eval_corpus_and_the_shared_parser(tmp_path: Path) -> N
         candidate_fields({"id": 7, "text": "t"})
     qrels = tmp_path / "qrels.jsonl"
     qrels.write_text(json.dumps({"query_id": "q1", "doc_id": 7, "relevance": 1}) + "\n")
-    with pytest.raises(EvalInputError, match="line 1: .*got the number 7"):
+    with pytest.raises(EvalInputError, match=r"line 1: .*got the number 7"):
         read_qrels(qrels)
     run = tmp_path / "candidates.jsonl"
     run.write_text(json.dumps({"query_id": "q1", "id": "d", "text": "t", "score": 7}) + "\n")
     run.write_text(run.read_text() + '{"query_id": "q1", "id": "e", "text": "t", "score": NaN}\n')
-    with pytest.raises(EvalInputError, match="line 2: .*NaN is not a score"):
+    with pytest.raises(EvalInputError, match=r"line 2: .*NaN is not a score"):
         read_candidates(run)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text('{"id": "a", "text": "t"}\n\n{"id": "", "text": "t"}\n')
