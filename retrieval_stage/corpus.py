@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .jsonl import JsonLineError, candidate_fields, json_lines
 from .models import Candidate
 
 __all__ = [
@@ -75,13 +76,13 @@ def load_corpus(path: str | Path | None = None) -> list[Candidate]:
     source = Path(path) if path is not None else data_path(CORPUS_FILE)
     documents: list[Candidate] = []
     with source.open(encoding="utf-8") as handle:
-        for line in handle:
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            documents.append(
-                Candidate(record["id"], record["text"], metadata=record.get("metadata") or {})
-            )
+        for number, record in json_lines(handle):
+            try:
+                ident, text, _, metadata = candidate_fields(record)
+            except ValueError as exc:
+                raise JsonLineError(number, str(exc)) from None
+            assert text is not None  # required
+            documents.append(Candidate(ident, text, metadata=metadata))
     return documents
 
 

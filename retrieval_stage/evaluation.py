@@ -10,13 +10,13 @@ JSON lines, and name the file and line of anything they cannot read.
 from __future__ import annotations
 
 import inspect
-import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .jsonl import _check_unicode, candidate_fields, check_id, json_object, json_type
 from .models import Candidate, recall_order
 from .stage import RerankStage
 
@@ -94,97 +94,6 @@ def _lines(path: str | Path) -> Iterator[tuple[int, str]]:
         raise EvalInputError(path, None, exc.strerror or str(exc)) from None
 
 
-def json_object(line: str) -> dict[str, Any]:
-    """One JSON line as an object; ValueError with a message for people otherwise.
-
-    Shared by every JSON-lines reader (``eval``'s files, the command's candidates), so the
-    same line gets the same verdict everywhere.
-    """
-    try:
-        value = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON: {exc.msg} (column {exc.colno})") from None
-    except RecursionError:
-        raise ValueError("not valid JSON: nested too deeply") from None
-    except ValueError as exc:  # an integer with more digits than Python converts
-        raise ValueError(f"not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"expected a JSON object, got {json_type(value)}")
-    return value
-
-
-def json_type(value: Any) -> str:
-    """How JSON names `value`'s type, for messages: ``an array``, ``a string``, ``null``..."""
-    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
-    names.update({list: "an array", dict: "an object", type(None): "null"})
-    return names.get(type(value), type(value).__name__)
-
-
-def candidate_fields(
-    record: Mapping[str, Any], *, id_keys: Sequence[str] = ("id",), require_text: bool = True
-) -> tuple[str, str | None, float | None, dict[str, Any]]:
-    """(id, text, score, metadata) of one candidate's JSON object, checked; ValueError says why.
-
-    The one parser of a candidate line, for ``rerank --input``, ``demo --corpus``,
-    ``eval --docs`` and ``eval --candidates``. The id is the first of `id_keys` present, a
-    string or an integer; `text` a string (None when absent and not `require_text`); `score`
-    a finite number or null, as a float; `metadata` an object or null. Strings must be valid
-    Unicode: a JSON escape of a lone surrogate (``"\\udce9"``) could be neither sent nor
-    printed.
-    """
-    key = next((k for k in id_keys if k in record), None)
-    if key is None:
-        raise ValueError(f'missing "{id_keys[0]}"')
-    ident = record[key]
-    if isinstance(ident, bool) or not isinstance(ident, (str, int)):
-        raise ValueError(f'"{key}" must be a string or an integer, got {json_type(ident)}')
-    ident = str(ident)
-    _check_unicode(ident, key)
-    text = record.get("text")
-    if text is None:
-        if require_text:
-            raise ValueError('missing "text"')
-    elif not isinstance(text, str):
-        raise ValueError(f'"text" must be a string, got {json_type(text)}')
-    else:
-        _check_unicode(text, "text")
-    return ident, text, _score(record.get("score")), _metadata(record.get("metadata"))
-
-
-def _check_unicode(value: str, key: str) -> None:
-    if value.isascii():
-        return
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f'"{key}" is not valid Unicode (a lone surrogate at character {exc.start})'
-        ) from None
-
-
-def _score(score: Any) -> float | None:
-    if score is None:
-        return None
-    problem = isinstance(score, bool) or not isinstance(score, (int, float))
-    if not problem:
-        try:
-            value = float(score)
-        except OverflowError:  # an integer too large for a float
-            value = math.inf
-        if math.isfinite(value):
-            return value
-    shown = json_type(score) if problem else "a number out of range"
-    raise ValueError(f'"score" must be a finite number or null, got {shown}')
-
-
-def _metadata(metadata: Any) -> dict[str, Any]:
-    if metadata is None:
-        return {}
-    if not isinstance(metadata, dict):
-        raise ValueError(f'"metadata" must be an object or null, got {json_type(metadata)}')
-    return metadata
-
-
 def _is_jsonl(path: str | Path) -> bool:
     first = next(_lines(path), None)
     return first is not None and first[1].startswith("{")
@@ -203,9 +112,12 @@ def _field(
     for name in names:
         if name in record:
             value = record[name]
-            if kind == "id" and isinstance(value, int) and not isinstance(value, bool):
-                return str(value)
-            if kind in ("id", "text"):
+            if kind == "id":
+                try:
+                    return check_id(value, name)
+                except ValueError as exc:
+                    raise EvalInputError(path, number, str(exc)) from None
+            if kind == "text":
                 if not isinstance(value, str):
                     raise EvalInputError(
                         path, number, f'"{name}" must be a string, got {json_type(value)}'

@@ -191,7 +191,7 @@ def test_readers_accept_json_lines(tmp_path: Path) -> None:
     queries = read_queries(write(tmp_path, "q.jsonl", '{"id": "q1", "text": "hello"}\n'))
     assert queries == {"q1": "hello"}
     qrels = read_qrels(
-        write(tmp_path, "r.jsonl", '{"query_id": "q1", "doc_id": 7, "relevance": 2}\n')
+        write(tmp_path, "r.jsonl", '{"query_id": "q1", "doc_id": "7", "relevance": 2}\n')
     )
     assert qrels == {"q1": {"7": 2}}
     pools = read_candidates(

@@ -3,7 +3,8 @@
 ``demo`` recalls from the bundled standard-library corpus and reranks, ``rerank`` reorders
 candidates given as JSON lines, ``eval`` compares recall with reranked on judged queries. Each
 command says which reranker ran and where its spans went. Exit codes: 0 done, 2 bad usage or
-input (nothing was reranked), 1 the reranker or the run failed.
+input (nothing was reranked), 1 the reranker or the run failed, 3 (demo) the reranker failed
+and recall order was shown.
 
 This is an application, so unlike the library it configures logging and tracing, and prints.
 """
@@ -26,10 +27,18 @@ from rich.text import Text
 from .._version import __version__
 from ..errors import RerankError
 from ..models import Candidate
-from .console import EXIT_FAILURE, EXIT_USAGE, err, fail, note, out, scrubbed
+from .console import EXIT_DEGRADED, EXIT_FAILURE, EXIT_USAGE, err, fail, note, out
+from .failure import Witness, backoff_s
 from .inputs import check_text, read_candidates
 from .options import Command, Group, OutputFormat, RerankOptions, with_rerank_options
-from .render import changes_table, metrics_table, movement_table, rerank_failed, say_reranker
+from .render import (
+    changes_table,
+    metrics_table,
+    movement_table,
+    rerank_failed,
+    say_reranker,
+    why_failed,
+)
 from .reranker import Chosen
 from .session import Tracing, session
 
@@ -121,14 +130,13 @@ def demo(
     where = "Python standard-library docstrings" if corpus is None else str(corpus)
     console = out()
     with session(options) as (chosen, tracing):
-        stage = tracing.stage(chosen, top_k)
+        # Fallback, as the library's default: a failing reranker shows recall order, marked.
+        stage = tracing.stage(chosen, top_k, on_error="fallback")
         pipeline = Pipeline(
             BM25Recall(documents), stage, recall_k=recall_k, tracer_provider=tracing.provider
         )
         try:
             result = pipeline.run(query)
-        except RerankError as exc:
-            rerank_failed(chosen, exc)
         except (TypeError, ValueError) as exc:  # the reranker refused its arguments
             fail(EXIT_USAGE, f"cannot rerank this input: {exc}")
         console.print(Text("query: ", style="bold") + Text(query))
@@ -137,20 +145,55 @@ def demo(
             + Text(f"BM25 over {len(documents):,} {where}: {len(result.recalled)} candidates")
         )
         say_reranker(console, chosen)
+        failures = 0
+        if result.fell_back:
+            failures += 1
+            _say_fallback(console, chosen, stage, options.timeout)
         if not result.results:
             note(console, "no document shares a word with the query: nothing to rerank")
-            return
-        console.print(
-            changes_table(
-                result.changes, score_label="score", recall_label="bm25", width=console.width
+        else:
+            console.print(
+                changes_table(
+                    result.changes, score_label="score", recall_label="bm25", width=console.width
+                )
             )
-        )
         if repeat > 1:
-            _repeat(pipeline, chosen, query, repeat - 1, interval)
+            failures += _repeat(pipeline, chosen, stage, query, repeat - 1, interval, options)
+            note(
+                err(),
+                f"{repeat} runs, {failures} fell back to recall order",
+                "yellow" if failures else "dim",
+            )
+        if failures:
+            raise typer.Exit(EXIT_DEGRADED)
 
 
-def _repeat(pipeline: Any, chosen: Chosen, query: str, runs: int, interval: float) -> None:
-    """Run `runs` more pipelines, cycling through the example queries; one line each."""
+def _say_fallback(console: Any, chosen: Chosen, stage: Any, timeout: float) -> None:
+    """The line above a fallback table: recall order is shown, and why."""
+    witness = stage.reranker
+    exc = witness.last_error if isinstance(witness, Witness) else None
+    why = (
+        str(why_failed(chosen, exc, stage, timeout))
+        if exc is not None
+        else "its answer did not fit the candidates"
+    )
+    console.print(
+        Text("fallback: ", style="bold yellow")
+        + Text(f"the reranker failed ({why}); showing recall order, unreranked", style="yellow")
+    )
+
+
+def _repeat(
+    pipeline: Any,
+    chosen: Chosen,
+    stage: Any,
+    query: str,
+    runs: int,
+    interval: float,
+    options: RerankOptions,
+) -> int:
+    """Run `runs` more pipelines, cycling through the example queries, one line each; keep
+    going through failures, backing off (`failure.backoff_s`). Returns how many fell back."""
     import itertools
     import time
 
@@ -159,19 +202,25 @@ def _repeat(pipeline: Any, chosen: Chosen, query: str, runs: int, interval: floa
 
     queries = [*read_queries(data_path("example/queries.tsv")).values(), query]
     stderr = err()
+    failures = in_a_row = 0
     try:
         for n, text in enumerate(itertools.islice(itertools.cycle(queries), runs)):
-            time.sleep(interval)
-            try:
-                result = pipeline.run(text)
-            except RerankError as exc:
-                why = scrubbed(f"{type(exc).__name__}: {exc}", chosen.base_url)
-                note(stderr, f"run {n + 2}: rerank failed ({why})", "yellow")
+            time.sleep(backoff_s(in_a_row, interval))
+            result = pipeline.run(text)
+            if result.fell_back:
+                failures += 1
+                in_a_row += 1
+                witness = stage.reranker
+                exc = witness.last_error if isinstance(witness, Witness) else None
+                why = why_failed(chosen, exc, stage, options.timeout) if exc else "unfit answer"
+                note(stderr, f"run {n + 2}: fell back to recall order ({why})", "yellow")
                 continue
+            in_a_row = 0
             moved = sum(1 for change in result.changes if change.moved)
             note(stderr, f"run {n + 2}: {text!r}: {len(result.results)} results, {moved} moved")
     except KeyboardInterrupt:
         note(stderr, "interrupted")
+    return failures
 
 
 @app.command(cls=Command)
@@ -228,7 +277,7 @@ def rerank(
         try:
             outputs = stage.run(query, candidates)
         except RerankError as exc:
-            rerank_failed(chosen, exc)
+            rerank_failed(chosen, exc, stage, options.timeout)
         except (TypeError, ValueError) as exc:  # the reranker refused its arguments
             fail(EXIT_USAGE, f"cannot rerank this input: {exc}")
         changes = compare_ranks(candidates, outputs)
@@ -236,7 +285,7 @@ def rerank(
             console = out()
             console.print(
                 changes_table(
-                    changes, score_label="score", recall_label="recall", width=console.width
+                    changes, score_label="score", recall_label="recall score", width=console.width
                 )
             )
         else:
@@ -330,7 +379,14 @@ def eval_(
     """
     inputs = _eval_inputs(queries, qrels, candidates, docs)
     with session(options) as (chosen, tracing):
-        report = _run_eval(chosen, tracing, inputs, recall_at=recall_at, resamples=resamples)
+        report = _run_eval(
+            chosen,
+            tracing,
+            inputs,
+            recall_at=recall_at,
+            resamples=resamples,
+            timeout=options.timeout,
+        )
         if as_json:
             body = report.to_dict()
             body["reranker"] = {
@@ -390,7 +446,13 @@ def _eval_inputs(
 
 
 def _run_eval(
-    chosen: Chosen, tracing: Tracing, inputs: _EvalInputs, *, recall_at: int, resamples: int
+    chosen: Chosen,
+    tracing: Tracing,
+    inputs: _EvalInputs,
+    *,
+    recall_at: int,
+    resamples: int,
+    timeout: float,
 ) -> Any:
     """Rerank every judged query under one CHAIN span, with a progress bar on stderr."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -427,7 +489,7 @@ def _run_eval(
                 progress=lambda qid: progress.update(task, advance=1, description=qid),
             )
     except RerankError as exc:
-        rerank_failed(chosen, exc)
+        rerank_failed(chosen, exc, stage, timeout)
     except (TypeError, ValueError) as exc:  # the reranker refused its arguments
         fail(EXIT_USAGE, f"cannot rerank this input: {exc}")
 

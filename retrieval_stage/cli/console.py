@@ -1,7 +1,8 @@
 """Where the command writes, how it fails, and what it never prints (credentials in URLs).
 
 Exit codes: 0 done, 2 bad usage or input (nothing was reranked), 1 the reranker or the run
-failed. Every cell and message goes out as Rich `Text`, never markup: ids and texts are data.
+failed, 3 (``demo`` only) done, but the reranker failed and recall order was shown instead.
+Every cell and message goes out as Rich `Text`, never markup: ids and texts are data.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rich.text import Text
 __all__ = [
     "COMPOSE_HINT",
     "COMPOSE_UP",
+    "EXIT_DEGRADED",
     "EXIT_FAILURE",
     "EXIT_USAGE",
     "err",
@@ -28,6 +30,8 @@ __all__ = [
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_DEGRADED = 3
+"""demo: it ran and showed results, but at least one rerank fell back to recall order."""
 COMPOSE_UP = "docker compose -f docker/compose.yaml up tei"
 COMPOSE_HINT = (
     f"start TEI from the compose stack ({COMPOSE_UP}) and pass --endpoint http://localhost:8080"

@@ -31,7 +31,8 @@ def parse_candidates(lines: Sequence[str]) -> tuple[list[Candidate], list[LineEr
     """Candidates from JSON lines ``{"id", "text", "score"?, "metadata"?}``, and every error.
 
     Every line is checked before anything is reranked; blank lines are skipped, other keys
-    ignored. An id may be a string or an integer, and must be unique.
+    ignored. An id is a non-empty JSON string (``7`` is refused, not turned into
+    ``"7"``), unique; a text is not empty.
     """
     candidates: list[Candidate] = []
     errors: list[LineError] = []
@@ -53,7 +54,7 @@ def parse_candidates(lines: Sequence[str]) -> tuple[list[Candidate], list[LineEr
 
 def _parse_line(raw: str) -> tuple[str | None, Candidate | None]:
     """(problem, None) or (None, candidate): the same checks as ``eval --candidates``."""
-    from ..evaluation import candidate_fields, json_object
+    from ..jsonl import candidate_fields, json_object
 
     try:
         ident, text, score, metadata = candidate_fields(json_object(raw))

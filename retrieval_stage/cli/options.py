@@ -22,7 +22,9 @@ from ..config import LOCAL
 from ..providers import PROVIDERS
 
 __all__ = [
+    "DEFAULT_TELEMETRY_TIMEOUT_S",
     "OPTION_OF_FIELD",
+    "SERVICE_NAME",
     "Command",
     "Group",
     "OutputFormat",
@@ -30,6 +32,13 @@ __all__ = [
     "RerankerChoice",
     "with_rerank_options",
 ]
+
+
+SERVICE_NAME = "retrieval-stage"
+"""The command's OpenTelemetry service name, and its Phoenix project unless --project says."""
+
+DEFAULT_TELEMETRY_TIMEOUT_S = 1.0
+"""How long a command may wait at exit for spans and metrics to leave (--telemetry-timeout)."""
 
 
 class RerankerChoice(str, enum.Enum):
@@ -73,6 +82,8 @@ class RerankOptions:
     batch_size: str | None = None
     reranker: RerankerChoice = RerankerChoice.auto
     trace_file: Path | None = None
+    project: str | None = None
+    telemetry_timeout: float = DEFAULT_TELEMETRY_TIMEOUT_S
     log_level: str = "warning"
 
 
@@ -163,6 +174,27 @@ _SHARED: dict[str, Any] = {
             help="Also write the spans to this file as OTLP/JSON lines (appended).",
             dir_okay=False,
             show_default=False,
+        ),
+    ],
+    "project": Annotated[
+        str | None,
+        typer.Option(
+            "--project",
+            envvar="RETRIEVAL_STAGE_PROJECT",
+            help="The Arize Phoenix / OpenInference project the spans land in (resource "
+            "attribute openinference.project.name). Default: its key in "
+            f"OTEL_RESOURCE_ATTRIBUTES, else the service name ({SERVICE_NAME}).",
+            show_default=False,
+        ),
+    ],
+    "telemetry_timeout": Annotated[
+        float,
+        typer.Option(
+            "--telemetry-timeout",
+            envvar="RETRIEVAL_STAGE_TELEMETRY_TIMEOUT",
+            min=0.0,
+            help="Seconds the command may wait at exit for spans and metrics to reach the "
+            "collector, both together; what is left then is dropped and counted.",
         ),
     ],
     "log_level": Annotated[

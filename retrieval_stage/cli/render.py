@@ -10,7 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import RerankError
-from .console import COMPOSE_UP, EXIT_FAILURE, fail, note, scrubbed, shown_url
+from .console import EXIT_FAILURE, fail, note
+from .failure import Failure, Witness, describe
 from .reranker import Chosen
 
 __all__ = [
@@ -20,9 +21,13 @@ __all__ = [
     "rerank_failed",
     "say_reranker",
     "snippet",
+    "why_failed",
 ]
 
 SNIPPET_CHARS = 72
+MAX_ID = 40
+MIN_ID = 6
+MIN_SNIPPET = 8
 
 
 def snippet(text: str, width: int = SNIPPET_CHARS) -> str:
@@ -43,17 +48,19 @@ def changes_table(
             str(c.rank),
             str(c.recall_rank),
             c.movement,
-            _number(c.score),
+            _number(c.score) if c.reranked else "—",  # a recall score is no rerank score
             _number(c.recall_score),
             c.candidate.id,
             c,
         )
         for c in changes
     ]
-    headers = ("rank", "recall", "move", score_label, recall_label, "id")
+    headers = ("rank", "recall rank", "move", score_label, recall_label, "id")
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    widths[5] = min(widths[5], 40)
-    snippet_width = max(12, width - sum(widths) - 3 * len(headers))
+    # Numbers are never cut: the id and the snippet share what the number columns leave.
+    left = width - sum(widths[:5]) - 3 * len(headers)  # 6 separators of " │ "
+    widths[5] = max(MIN_ID, min(widths[5], MAX_ID, left - MIN_SNIPPET))
+    snippet_width = max(MIN_SNIPPET, left - widths[5])
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
     for i, header in enumerate(headers):
         table.add_column(
@@ -62,6 +69,7 @@ def changes_table(
             no_wrap=True,
             overflow="ellipsis",
             width=widths[i],
+            min_width=widths[i],
         )
     table.add_column("snippet", no_wrap=True, overflow="ellipsis", width=snippet_width)
     for rank, recall_rank, movement, score, recall_score, ident, change in rows:
@@ -84,15 +92,27 @@ def say_reranker(console: Console, chosen: Chosen) -> None:
         note(console, chosen.hint, style="yellow")
 
 
-def rerank_failed(chosen: Chosen, exc: RerankError) -> NoReturn:
-    base_url = chosen.base_url
-    if base_url is None:
-        fail(EXIT_FAILURE, f"rerank failed: {exc}")
-    fail(
-        EXIT_FAILURE,
-        f"rerank failed: {scrubbed(str(exc), base_url)}",
-        f"is the rerank service at {shown_url(base_url)} up? For a local TEI: {COMPOSE_UP}",
+def why_failed(chosen: Chosen, exc: RerankError, stage: Any, timeout: float | None) -> Failure:
+    """What happened to the call that raised `exc`, in words (see `failure.describe`)."""
+    witness = getattr(stage, "reranker", None)
+    elapsed = witness.last_elapsed if isinstance(witness, Witness) else None
+    provider = getattr(chosen.reranker, "provider", None)
+    return describe(
+        exc,
+        base_url=chosen.base_url,
+        provider=provider if isinstance(provider, str) else None,
+        timeout=timeout,
+        elapsed=elapsed,
     )
+
+
+def rerank_failed(
+    chosen: Chosen, exc: RerankError, stage: Any = None, timeout: float | None = None
+) -> NoReturn:
+    """Exit 1 saying what happened (and the hint, only where it is the likely cause)."""
+    failure = why_failed(chosen, exc, stage, timeout)
+    details = [failure.hint] if failure.hint else []
+    fail(EXIT_FAILURE, f"rerank failed: {failure.message}", *details)
 
 
 def metrics_table(report: Any) -> Table:

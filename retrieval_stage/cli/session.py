@@ -8,21 +8,24 @@ import os
 import sys
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from openinference.semconv.trace import SpanAttributes
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from .console import EXIT_USAGE, err, fail, note, scrubbed, shown_url
-from .options import RerankOptions
+from .._shutdown import ShutdownReport
+from .console import EXIT_USAGE, err, fail, note, scrubbed
+from .failure import Witness
+from .options import DEFAULT_TELEMETRY_TIMEOUT_S, SERVICE_NAME, RerankOptions
 from .reranker import Chosen, choose_reranker
 
-__all__ = ["Tracing", "session", "start_tracing"]
+__all__ = ["Destination", "Tracing", "session", "start_tracing"]
 
 
 class _Tally(SpanProcessor):
@@ -74,16 +77,19 @@ class _Watched(SpanExporter):
 
 @dataclass
 class Destination:
-    """Where spans went: how to say it when all arrived, and when some did not."""
+    """Where spans went: how to say it when all arrived, and when some did not.
+
+    `missing` counts the spans that never arrived once telemetry was shut down (export error,
+    or still queued when the deadline passed).
+    """
 
     sent: str
     failed: str
-    exporter: _Watched
+    missing: Callable[[ShutdownReport | None], int]
 
-    def outcome(self, spans: int) -> str:
-        """`sent`, or `failed` with how many of `spans` never arrived (export error, or
-        still queued when the flush at exit gave up)."""
-        missing = spans - self.exporter.delivered
+    def outcome(self, spans: int, report: ShutdownReport | None) -> str:
+        """`sent`, or `failed` with how many of `spans` never arrived."""
+        missing = min(self.missing(report), spans)
         if missing <= 0:
             return self.sent
         return f"{self.failed} ({missing} of {spans} spans not delivered)"
@@ -91,24 +97,41 @@ class Destination:
 
 @dataclass
 class Tracing:
-    """The command's tracer provider and where its spans go."""
+    """The command's tracer and meter providers, where spans go, and how long exit may wait."""
 
     provider: Any
     destinations: list[Destination]
     tally: _Tally
     meter_provider: Any = None
+    shutdown_timeout: float = DEFAULT_TELEMETRY_TIMEOUT_S
+    flush_first: list[Any] = dc_field(default_factory=list)
+    report: ShutdownReport | None = None
 
-    def stage(self, chosen: Chosen, top_k: int | None) -> Any:
-        """The command's `RerankStage`: traced and metered here; errors raise (exit code 1)."""
+    def stage(self, chosen: Chosen, top_k: int | None, *, on_error: str = "raise") -> Any:
+        """The command's `RerankStage`, traced and metered here.
+
+        ``on_error="raise"`` (rerank, eval: exit code 1) or ``"fallback"`` (demo: the stage
+        returns recall order, marked, and the span says it fell back). Its reranker is a
+        `Witness` of the chosen one: ``stage.reranker.last_error`` says why a call failed.
+        """
         from ..stage import RerankStage
 
         return RerankStage(
-            chosen.reranker,
+            Witness(chosen.reranker),  # remembers why a call failed, for the message
             top_k=top_k,
-            on_error="raise",
+            on_error=on_error,  # type: ignore[arg-type]
             tracer_provider=self.provider,
             meter_provider=self.meter_provider,
         )
+
+    def shutdown(self) -> None:
+        """Write the local trace file, then flush traces and metrics under ONE deadline."""
+        from .._shutdown import shutdown_telemetry
+
+        for processor in self.flush_first:  # a local file: fast, and must not be cut short
+            processor.force_flush()
+        providers = [p for p in (self.provider, self.meter_provider) if p is not None]
+        self.report = shutdown_telemetry(*providers, timeout=self.shutdown_timeout)
 
     def summary(self) -> str:
         """One line: how many spans, which trace, and where they went (or how to send them)."""
@@ -118,7 +141,7 @@ class Tracing:
         which = f"trace {traces[0]}" if len(traces) == 1 else f"{len(traces)} traces"
         head = f"spans: {self.tally.spans} in {which}"
         if self.destinations:
-            outcomes = [d.outcome(self.tally.spans) for d in self.destinations]
+            outcomes = [d.outcome(self.tally.spans, self.report) for d in self.destinations]
             return f"{head}, {' and '.join(outcomes)}"
         root, *children = self.tally.traces[traces[0]]
         counted = Counter(children)
@@ -140,33 +163,56 @@ class _Discard(SpanExporter):
         """Nothing to release."""
 
 
-def start_tracing(trace_file: Path | None) -> Tracing:
+def _otlp_failure(what: str, exc: Exception, endpoint: str | None) -> NoReturn:
+    """Exit 2 for OTLP settings that cannot work: an unknown protocol, gRPC without grpcio."""
+    fail(EXIT_USAGE, f"OTLP {what}: {scrubbed(str(exc), endpoint)}")
+
+
+def start_tracing(
+    trace_file: Path | None,
+    *,
+    project: str | None = None,
+    shutdown_timeout: float = DEFAULT_TELEMETRY_TIMEOUT_S,
+) -> Tracing:
     """OTLP when ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` is set, plus `trace_file` if given.
 
-    The provider is `configure_tracing`'s, as a library user gets it (limits, resource, bounded
-    shutdown); the command adds its file writer and its tally.
+    The provider is `configure_tracing`'s, as a library user gets it (limits, resource with the
+    Phoenix `project`, bounded shutdown, the OTLP exporter of `retrieval_stage.otlp`); the
+    command adds its file writer and its tally. Metrics go over OTLP only when an endpoint is
+    set for them (`configure_metrics`, which honours ``OTEL_METRICS_EXPORTER=none`` and stops
+    by itself at an endpoint that refuses metrics).
     """
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from ..telemetry import configure_tracing, otlp_span_exporter
+    from ..otlp import OtlpExtraMissingError, otlp_endpoint_configured, otlp_target
+    from ..telemetry import configure_tracing
     from ..trace_file import OtlpJsonLinesExporter
 
     destinations: list[Destination] = []
-    otlp = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
-        "OTEL_EXPORTER_OTLP_ENDPOINT"
-    )
-    if otlp:
-        try:
-            exporter = _Watched(otlp_span_exporter())  # what configure_tracing would build
-            provider = configure_tracing(exporter=exporter)
-        except ValueError as exc:
-            fail(EXIT_USAGE, f"OTLP tracing: {scrubbed(str(exc), otlp)}")
-        shown = shown_url(otlp)
-        destinations.append(
-            Destination(f"sent to OTLP at {shown}", f"OTLP export to {shown} failed", exporter)
-        )
-    else:
-        provider = configure_tracing(exporter=_Discard())
+    flush_first: list[Any] = []
+    traces_on = otlp_endpoint_configured("traces") and not _exporter_off("TRACES")
+    try:
+        if traces_on:
+            shown = otlp_target("traces").shown
+            provider = configure_tracing(
+                SERVICE_NAME, project=project, shutdown_timeout=shutdown_timeout
+            )
+            destinations.append(
+                Destination(
+                    f"sent to OTLP at {shown}",
+                    f"OTLP export to {shown} failed",
+                    lambda report: report.spans_not_delivered if report else 0,
+                )
+            )
+        else:
+            provider = configure_tracing(
+                SERVICE_NAME,
+                project=project,
+                exporter=_Discard(),
+                shutdown_timeout=shutdown_timeout,
+            )
+    except (ValueError, OtlpExtraMissingError) as exc:
+        _otlp_failure("tracing", exc, os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
     if trace_file is not None:
         try:
             trace_file.parent.mkdir(parents=True, exist_ok=True)
@@ -174,35 +220,48 @@ def start_tracing(trace_file: Path | None) -> Tracing:
         except OSError as exc:
             fail(EXIT_USAGE, f"--trace-file {trace_file}: {exc.strerror or exc}")
         writer = _Watched(OtlpJsonLinesExporter(trace_file))
-        provider.add_span_processor(BatchSpanProcessor(writer))
+        processor = BatchSpanProcessor(writer)
+        provider.add_span_processor(processor)
+        flush_first.append(processor)
         destinations.append(
             Destination(
                 f"written to {trace_file} (OTLP/JSON lines)",
                 f"writing to {trace_file} failed",
-                writer,
+                lambda _: tally.spans - writer.delivered,
             )
         )
     tally = _Tally()
     provider.add_span_processor(tally)
-    return Tracing(provider, destinations, tally, _start_metrics())
+    return Tracing(
+        provider,
+        destinations,
+        tally,
+        _start_metrics(shutdown_timeout),
+        shutdown_timeout=shutdown_timeout,
+        flush_first=flush_first,
+    )
 
 
-def _start_metrics() -> Any:
+def _exporter_off(signal: str) -> bool:
+    """``OTEL_<SIGNAL>_EXPORTER=none``: the standard switch for one signal's export."""
+    return os.environ.get(f"OTEL_{signal}_EXPORTER", "").strip().lower() == "none"
+
+
+def _start_metrics(shutdown_timeout: float) -> Any:
     """Rerank metrics over OTLP when an OTLP endpoint is set for them; else none."""
-    if not (
-        os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    ):
+    from ..otlp import OtlpExtraMissingError, otlp_endpoint_configured
+
+    if not otlp_endpoint_configured("metrics") or _exporter_off("METRICS"):
         return None
     from ..metrics import configure_metrics
 
     try:
-        return configure_metrics()
-    except ValueError as exc:
+        return configure_metrics(SERVICE_NAME, shutdown_timeout=shutdown_timeout)
+    except (ValueError, OtlpExtraMissingError) as exc:
         otlp = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or os.environ.get(
             "OTEL_EXPORTER_OTLP_ENDPOINT"
         )
-        fail(EXIT_USAGE, f"OTLP metrics: {scrubbed(str(exc), otlp)}")
+        _otlp_failure("metrics", exc, otlp)
 
 
 def _logging(level: str, endpoint: str | None = None) -> None:
@@ -230,7 +289,11 @@ def _logging(level: str, endpoint: str | None = None) -> None:
 def session(options: RerankOptions) -> Iterator[tuple[Chosen, Tracing]]:
     """Logging, tracing and the reranker for one command; flushes spans and says where."""
     _logging(options.log_level, options.endpoint)
-    tracing = start_tracing(options.trace_file)
+    tracing = start_tracing(
+        options.trace_file,
+        project=options.project,
+        shutdown_timeout=options.telemetry_timeout,
+    )
     try:
         chosen = choose_reranker(options)
         try:
@@ -238,8 +301,6 @@ def session(options: RerankOptions) -> Iterator[tuple[Chosen, Tracing]]:
         finally:
             chosen.close()
     finally:
-        tracing.provider.shutdown()
-        if tracing.meter_provider is not None:
-            tracing.meter_provider.shutdown(timeout_millis=5_000)
+        tracing.shutdown()  # traces and metrics together, at most --telemetry-timeout
         if tracing.tally.spans:
             note(err(), tracing.summary())

@@ -1,0 +1,205 @@
+"""What went wrong with a rerank call, said for people, and how `demo --repeat` waits after one.
+
+The words key on what the error IS (its type and attributes), never on its message text: a
+`RerankStatusError` carries the status and the server's own message, a `RerankProtocolError`
+says the answer broke the provider's contract, and a `RerankTransportError` is a timeout or a
+connection that could not be made. "Is the service up?" is said only for the last case, the
+only one where it is the likely cause.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from ..errors import RerankError, RerankProtocolError, RerankStatusError, RerankTransportError
+from .console import COMPOSE_UP, scrubbed, shown_url
+
+__all__ = [
+    "DEADLINE_SHARE",
+    "MAX_BACKOFF_S",
+    "Failure",
+    "Witness",
+    "backoff_s",
+    "describe",
+    "transport_kind",
+]
+
+DEADLINE_SHARE = 0.95
+"""A transport failure after this share of --timeout is the deadline running out."""
+
+MAX_BACKOFF_S = 30.0
+"""The longest `demo --repeat` waits after consecutive failures."""
+
+MIN_BACKOFF_S = 0.1
+"""The first wait after a failure when --interval is 0: a failing service is not hammered."""
+
+CONNECT_PROBE_S = 0.5
+"""How long the check 'does anything listen there?' may take (only after a transport error)."""
+
+TransportKind = Literal["timeout", "connect", "other"]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed rerank call for people: what happened, and a hint where one is likely."""
+
+    message: str
+    hint: str | None = None
+
+    def __str__(self) -> str:
+        return self.message if self.hint is None else f"{self.message}; {self.hint}"
+
+
+class Witness:
+    """Passes every call to `inner` and remembers the last `RerankError` it raised and how long
+    that call took, so a command can say why the stage fell back (the stage only logs it).
+
+    Every other attribute (``model_name``, ``provider``, ``base_url``...) is the inner
+    reranker's, so spans and metrics name the real reranker.
+    """
+
+    def __init__(self, inner: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self.inner = inner
+        self.last_error: RerankError | None = None
+        self.last_elapsed: float | None = None
+        self._clock = clock
+
+    def _witnessed(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self.last_error, self.last_elapsed = None, None
+            started = self._clock()
+            try:
+                return call(*args, **kwargs)
+            except RerankError as exc:
+                self.last_error, self.last_elapsed = exc, self._clock() - started
+                raise
+
+        return run
+
+    def rerank(self, *args: Any, **kwargs: Any) -> Any:
+        return self._witnessed(self.inner.rerank)(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if name == "rerank_response" and callable(value):
+            return self._witnessed(value)
+        return value
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+
+def transport_kind(
+    exc: RerankTransportError,
+    *,
+    timeout: float | None,
+    elapsed: float | None,
+    base_url: str | None,
+    probe: Callable[[str], bool] | None = None,
+) -> TransportKind:
+    """Whether a transport error was the deadline, a connection never made, or something else.
+
+    In order: a ``timed_out`` attribute (bool); the httpx error as ``__cause__`` or a ``cause``
+    attribute (an exception, or its type's name); the call having taken the whole --timeout;
+    and last a quick TCP connect to the endpoint (`probe`): nothing listening there means the
+    connection could not be made.
+    """
+    timed_out = getattr(exc, "timed_out", None)
+    if isinstance(timed_out, bool) and timed_out:
+        return "timeout"
+    cause: Any = exc.__cause__ if exc.__cause__ is not None else getattr(exc, "cause", None)
+    names = (
+        [k.__name__ for k in type(cause).__mro__]
+        if isinstance(cause, BaseException)
+        else [cause]
+        if isinstance(cause, str)
+        else []
+    )
+    if any(name in ("TimeoutException", "ReadTimeout", "TimeoutError") for name in names):
+        return "timeout"
+    if any(name in ("ConnectError", "ConnectTimeout") for name in names):
+        return "connect"
+    if timeout is not None and elapsed is not None and elapsed >= timeout * DEADLINE_SHARE:
+        return "timeout"
+    if base_url is not None and not (probe or _listening)(base_url):
+        return "connect"
+    return "other"
+
+
+def _listening(url: str) -> bool:
+    """Whether something accepts a TCP connection at `url`'s host and port."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "localhost", port), CONNECT_PROBE_S):
+            return True
+    except OSError:
+        return False
+
+
+_STATUS_HINTS = {
+    401: "check --api-key and --api-key-header",
+    403: "check --api-key and --api-key-header",
+    404: "check --endpoint and --provider (each provider has its own path)",
+    405: "check --endpoint and --provider (each provider has its own path)",
+    429: "the service is busy: try again later or lower the traffic",
+    503: "the service is not ready (still loading its model?) or overloaded",
+}
+
+
+def describe(
+    exc: RerankError,
+    *,
+    base_url: str | None,
+    provider: str | None = None,
+    timeout: float | None = None,
+    elapsed: float | None = None,
+    probe: Callable[[str], bool] | None = None,
+) -> Failure:
+    """`exc` for people: "answered HTTP 500: <server message>", "answered something that is not
+    a TEI response: <what>", "no answer within the 30 s deadline (--timeout)", "could not
+    connect to URL" with "is the service up?". Credentials in `base_url` never appear."""
+    if base_url is None:  # an in-process reranker
+        return Failure(f"the reranker failed: {exc}")
+    where = shown_url(base_url)
+    if isinstance(exc, RerankStatusError):
+        said = scrubbed(exc.server_message, base_url).strip()
+        detail = f": {said}" if said else " with no message"
+        return Failure(
+            f"{where} answered HTTP {exc.status_code}{detail}", _STATUS_HINTS.get(exc.status_code)
+        )
+    if isinstance(exc, RerankProtocolError):
+        name = "TEI" if provider in (None, "tei") else provider
+        return Failure(
+            f"{where} answered something that is not a {name} response: "
+            f"{scrubbed(str(exc), base_url)}"
+        )
+    if isinstance(exc, RerankTransportError):
+        kind = transport_kind(exc, timeout=timeout, elapsed=elapsed, base_url=base_url, probe=probe)
+        if kind == "timeout" and timeout is not None:
+            return Failure(f"{where}: no answer within the {timeout:g} s deadline (--timeout)")
+        if kind == "connect":
+            return Failure(
+                f"could not connect to {where}",
+                f"is the service up? For a local TEI: {COMPOSE_UP}",
+            )
+        return Failure(f"the connection to {where} failed: {scrubbed(str(exc), base_url)}")
+    return Failure(f"{where}: {scrubbed(str(exc), base_url)}")
+
+
+def backoff_s(failures: int, interval: float) -> float:
+    """How long `demo --repeat` waits before the next run after `failures` failed in a row.
+
+    The interval itself after a success; after failures it doubles per failure from
+    ``max(interval, 0.1 s)``, capped at `MAX_BACKOFF_S`, so a service that is down is not
+    hammered and a long run resumes soon after it is back.
+    """
+    if failures <= 0:
+        return interval
+    base = max(interval, MIN_BACKOFF_S)
+    return float(min(base * 2 ** (failures - 1), max(MAX_BACKOFF_S, interval)))
