@@ -215,6 +215,13 @@ def pytest_report_header(config: pytest.Config) -> str:
     return config.stash[_PLAN_KEY].header()
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under `-q` (as `make test` runs) pytest prints no header: name the WireMock anyway."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and not reporter.showheader:
+        reporter.write_line(session.config.stash[_PLAN_KEY].header())
+
+
 def _run_in_docker(plan: WireMockPlan) -> Iterator[WireMock]:
     from testcontainers.core.container import DockerContainer
 
