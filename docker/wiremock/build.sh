@@ -80,5 +80,10 @@ fi
 install -m 0755 "$HERE/docker-entrypoint.sh" "$root/docker-entrypoint.sh"
 
 cp "$HERE/Dockerfile" "$ctx/Dockerfile"
-DOCKER_BUILDKIT=0 docker build -q -t "$IMAGE" "$ctx" >/dev/null
+# The legacy builder: Debian's docker.io has no buildx. Its deprecation notice is shown only
+# when the build fails, with the rest of the output.
+if ! DOCKER_BUILDKIT=0 docker build -q -t "$IMAGE" "$ctx" >"$ctx/build.log" 2>&1; then
+  cat "$ctx/build.log" >&2
+  exit 1
+fi
 log "built $IMAGE ($(docker image inspect -f '{{.Size}}' "$IMAGE" | awk '{printf "%d MB", $1/1e6}'))"
