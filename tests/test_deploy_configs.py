@@ -261,23 +261,139 @@ def test_compose_defines_the_stack_with_pinned_images() -> None:
     assert services["tei"]["command"] == ["--model-id", "BAAI/bge-reranker-base"]
 
 
+INTERPOLATION = re.compile(r"\$\{(\w+)(?:(:?)([-?])([^}]*))?\}")
+"""Compose's `${NAME}`, `${NAME:-default}`, `${NAME-default}`, `${NAME:?error}`, `${NAME?error}`."""
+
+
+def with_nothing_set(value: str) -> str:
+    """`value` as compose reads it when no variable is set (a required one raises)."""
+
+    def substitute(match: re.Match[str]) -> str:
+        name, _, kind, arg = match.groups()
+        if kind == "?":
+            raise LookupError(f"{name} is required: {arg}")
+        return arg if kind == "-" else ""
+
+    return INTERPOLATION.sub(substitute, value)
+
+
+def published_ports(service: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(host address, host port, container port) of each published port, nothing set."""
+    found = []
+    for entry in service.get("ports", []):
+        if isinstance(entry, dict):  # long syntax
+            found.append(
+                (
+                    with_nothing_set(str(entry.get("host_ip", ""))),
+                    with_nothing_set(str(entry.get("published", ""))),
+                    str(entry["target"]),
+                )
+            )
+            continue
+        # Short syntax; the address may be IPv6 in brackets: [::1]:3000:3000.
+        match = re.fullmatch(
+            r"(?:(\[[^]]+\]|[^:]*):)?(?:([^:]*):)?(\d+)(?:/\w+)?", with_nothing_set(str(entry))
+        )
+        assert match, f"unparsed port {entry!r}"
+        address, host, container = match.groups()
+        if host is None and address is not None and address.isdigit():
+            address, host = None, address  # HOST:CONTAINER
+        found.append(((address or "").strip("[]"), host or "", container))
+    return found
+
+
+def readme_port_table() -> set[str]:
+    """The ports in the README's compose table (rows starting with a port number)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Trace dashboards", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"^\| (\d{2,5}) \|", section, flags=re.MULTILINE))
+
+
 def test_compose_publishes_the_documented_ports() -> None:
     services = load_yaml(COMPOSE)["services"]
     published = {
-        name: {str(p).split(":")[0] for p in service.get("ports", [])}
+        name: {host for _, host, _ in published_ports(service)}
         for name, service in services.items()
     }
 
     assert published["grafana"] == {"3000"}
-    assert published["tempo"] == {"3200"}
     assert published["prometheus"] == {"9090"}
-    assert {"4317", "4318"} <= published["otel-collector"]
+    assert published["otel-collector"] == {"4317", "4318"}
     assert published["tei"] == {"8080"}
     assert published["wiremock"] == {"8081"}
     assert published["phoenix"] == {"6006"}
+    every = set().union(*published.values())
+    assert readme_port_table() == every, "README's port table and compose disagree"
     docs = (ROOT / "docs" / "observability.md").read_text(encoding="utf-8")
-    for port in ("3000", "3200", "9090", "4317", "4318", "8080", "8081", "6006"):
+    for port in every:
         assert port in docs, f"docs/observability.md does not mention port {port}"
+
+
+def test_ports_only_services_use_are_not_published() -> None:
+    services = load_yaml(COMPOSE)["services"]
+
+    # Grafana reaches Tempo's API and Prometheus scrapes the collector inside the network.
+    assert published_ports(services["tempo"]) == []
+    assert "8889" not in {host for _, host, _ in published_ports(services["otel-collector"])}
+    assert "otel-collector:8889" in PROMETHEUS.read_text(encoding="utf-8")
+
+
+def test_every_published_port_binds_to_loopback_by_default() -> None:
+    import ipaddress
+
+    services = load_yaml(COMPOSE)["services"]
+    seen = 0
+
+    for name, service in services.items():
+        for address, host, container in published_ports(service):
+            assert address, f"{name}: {host}:{container} binds every interface"
+            assert ipaddress.ip_address(address).is_loopback, f"{name}: binds {address}"
+            assert host, f"{name}: {container} gets a random host port on {address}"
+            seen += 1
+    assert seen >= 7
+
+
+def test_the_loopback_check_reads_compose_port_syntax() -> None:
+    # Guard the parser above: each of these would open a port beyond loopback.
+    cases = {
+        "3000:3000": "",
+        "${BIND_ADDRESS:-0.0.0.0}:3000:3000": "0.0.0.0",
+        "${BIND_ADDRESS}:3000:3000": "",
+        "3000": "",
+    }
+    for entry, address in cases.items():
+        ((found, _, _),) = published_ports({"ports": [entry]})
+        assert found == address, entry
+    assert published_ports({"ports": ["[::1]:6006:6006"]}) == [("::1", "6006", "6006")]
+    assert published_ports(
+        {"ports": [{"target": 80, "published": "8080", "host_ip": "127.0.0.1"}]}
+    ) == [("127.0.0.1", "8080", "80")]
+
+
+SECRET_NAME = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|API_KEY|APIKEY|CREDENTIAL", re.IGNORECASE)
+
+
+def test_compose_has_no_default_credentials() -> None:
+    services = load_yaml(COMPOSE)["services"]
+
+    for name, service in services.items():
+        environment = service.get("environment", {})
+        assert isinstance(environment, dict), f"{name}: use the mapping form of environment"
+        for key, value in environment.items():
+            if SECRET_NAME.search(key) and not key.endswith("__FILE"):
+                # Required from the user's environment, never a value or a default here.
+                with pytest.raises(LookupError):
+                    with_nothing_set(str(value))
+        assert "admin" not in {str(v).lower() for v in environment.values()}, name
+    grafana = services["grafana"]["environment"]
+    # Without an admin password Grafana creates admin/admin: it must be set, with no default.
+    assert "GF_SECURITY_ADMIN_PASSWORD" in grafana or "GF_SECURITY_ADMIN_PASSWORD__FILE" in grafana
+    with pytest.raises(LookupError, match="GF_ADMIN_PASSWORD"):
+        with_nothing_set(str(grafana.get("GF_SECURITY_ADMIN_PASSWORD", "")))
+    assert grafana["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"  # anonymous users never edit
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "admin`/`admin" not in readme
+    assert "GF_ADMIN_PASSWORD" in readme
 
 
 def test_compose_app_runs_the_demo_against_tei_and_the_collector() -> None:

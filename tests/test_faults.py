@@ -227,17 +227,32 @@ def test_trickling_body_cannot_hold_the_call_past_its_deadline(
 # -- broken connections --------------------------------------------------------------------
 
 FAULTS = [
-    ("CONNECTION_RESET_BY_PEER", "ReadError"),
-    ("EMPTY_RESPONSE", "RemoteProtocolError"),
-    ("MALFORMED_RESPONSE_CHUNK", "RemoteProtocolError"),
-    ("RANDOM_DATA_THEN_CLOSE", "RemoteProtocolError"),
+    "CONNECTION_RESET_BY_PEER",
+    "EMPTY_RESPONSE",
+    "MALFORMED_RESPONSE_CHUNK",
+    "RANDOM_DATA_THEN_CLOSE",
 ]
 
 
-@pytest.mark.parametrize(("fault", "cause"), FAULTS)
+def fault_causes(wm: WireMock, fault: str) -> set[str]:
+    """The httpx error (the retry event's `caused_by`) a fault can reach the client as.
+
+    A reset is a `ReadError` when the client talks to WireMock directly, but Docker's port proxy
+    turns it into a clean close, a `RemoteProtocolError` (see docs/reliability.md). Either way
+    it is a `RerankTransportError`, retried, then the fallback: what the tests hold on every route.
+    """
+    if fault != "CONNECTION_RESET_BY_PEER":
+        return {"RemoteProtocolError"}
+    return {
+        "direct": {"ReadError"},
+        "docker-proxy": {"RemoteProtocolError"},
+    }.get(wm.route, {"ReadError", "RemoteProtocolError"})
+
+
+@pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_connection_fault_is_retried_then_falls_back(
-    wm: WireMock, spans: Spans, flavour: Flavour, fault: str, cause: str
+    wm: WireMock, spans: Spans, flavour: Flavour, fault: str
 ) -> None:
     wm.stub(
         {"request": {"method": "POST", "urlPath": "/fault/rerank"}, "response": {"fault": fault}}
@@ -247,18 +262,19 @@ def test_connection_fault_is_retried_then_falls_back(
     assert run.elapsed < 5.0 + MARGIN
     assert_fell_back(run, cands, "RerankTransportError")
     assert len(wm.requests("/fault/rerank")) == 2
-    assert retry_events(run.span) == [
-        {"retry_num": 1, "wait_for": 0.375, "caused_by": cause, "batch_offset": 0}
-    ]
+    (retry,) = retry_events(run.span)
+    cause = retry.pop("caused_by")
+    assert cause in fault_causes(wm, fault)
+    assert retry == {"retry_num": 1, "wait_for": 0.375, "batch_offset": 0}
     (exception,) = [e for e in run.span.events if e.name == "exception"]
     assert exception.attributes is not None
     assert str(exception.attributes["exception.message"]).startswith(cause)
 
 
-@pytest.mark.parametrize(("fault", "cause"), FAULTS)
+@pytest.mark.parametrize("fault", FAULTS)
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_connection_fault_then_success_is_reranked(
-    wm: WireMock, spans: Spans, flavour: Flavour, fault: str, cause: str
+    wm: WireMock, spans: Spans, flavour: Flavour, fault: str
 ) -> None:
     stub_sequence(wm, "/flaky/rerank", [{"fault": fault}, json_response(reversed_body(3))])
     cands = candidates(3)
@@ -266,7 +282,8 @@ def test_connection_fault_then_success_is_reranked(
     assert run.elapsed < 5.0 + MARGIN
     assert_reranked(run, cands)
     assert len(wm.requests("/flaky/rerank")) == 2
-    assert [e["caused_by"] for e in retry_events(run.span)] == [cause]
+    (retry,) = retry_events(run.span)
+    assert retry["caused_by"] in fault_causes(wm, fault)
     assert run.span.attributes is not None
     assert run.span.attributes["retrieval_stage.retries"] == 1
     assert run.span.attributes["retrieval_stage.requests"] == 2
