@@ -329,6 +329,12 @@ def test_compose_publishes_the_documented_ports() -> None:
         assert port in docs, f"docs/observability.md does not mention port {port}"
 
 
+def test_the_demo_app_restarts_so_the_dashboards_keep_their_traffic() -> None:
+    app = load_yaml(COMPOSE)["services"]["app"]
+    assert app.get("restart") in {"unless-stopped", "always"}
+    assert "--repeat" in app["command"]
+
+
 def test_ports_only_services_use_are_not_published() -> None:
     services = load_yaml(COMPOSE)["services"]
 
