@@ -9,7 +9,8 @@ text from a server goes through `server_text` before any `RerankError` quotes it
   JSON-escaped or not), before anything cuts the text (a cut key would survive);
 - the provider's own message is picked out (`providers.error_message`: status words, error
   type, FastAPI's ``msg``) with FastAPI's ``input`` fields dropped;
-- any run of `ECHO_MIN_CHARS` or more characters that also occurs in the query or in a
+- in its free text (not FastAPI's ``type`` and ``loc``, the server's own names), any run of
+  `ECHO_MIN_CHARS` or more characters that also occurs in the query or in a
   submitted text (raw or JSON-escaped) is replaced by `ECHOED`;
 - the rest is cut to `LIMIT` characters.
 """
@@ -23,10 +24,10 @@ from .providers import error_message
 
 __all__ = ["ECHOED", "ECHO_MIN_CHARS", "LIMIT", "scrub", "server_text"]
 
-ECHO_MIN_CHARS = 8
-"""The shortest run of the caller's text that counts as an echo. Shorter runs are ordinary
-words a server's message shares with any text; 8 characters of a document are already a
-recognisable fragment of it."""
+ECHO_MIN_CHARS = 10
+"""The shortest run of the caller's text that counts as an echo: about two words. Shorter runs
+are mostly single words a server's explanation shares with any text ("document", "maximum");
+10 characters of a document are already a recognisable fragment of it."""
 
 ECHOED = "<echo removed>"
 LIMIT = 300
@@ -50,11 +51,13 @@ def _haystack(sent: Sequence[str]) -> str:
 
 def scrub(text: str, sent: Sequence[str], secret: str | None = None, limit: int = LIMIT) -> str:
     """`text` with `secret` and every echo of `sent` replaced, cut to `limit` characters."""
+    cleaned = _scrub(text[: limit * 2], _haystack(sent), secret)
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
+
+
+def _scrub(text: str, hay: str, secret: str | None) -> str:
     if secret:
         text = text.replace(secret, "***")
-    if len(text) > limit * 2:  # what the cut below drops need not be scanned
-        text = text[: limit * 2]
-    hay = _haystack(sent) if sent else ""
     n = ECHO_MIN_CHARS
     out: list[str] = []
     i = 0
@@ -68,12 +71,13 @@ def scrub(text: str, sent: Sequence[str], secret: str | None = None, limit: int 
         else:
             out.append(text[i])
             i += 1
-    cleaned = "".join(out)
-    return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
+    return "".join(out)
 
 
 def server_text(content: bytes, sent: Sequence[str], secret: str | None = None) -> str:
     """A server's error body reduced to its own explanation, safe to quote (see module doc)."""
     if secret:
         content = content.replace(secret.encode(), b"***")
-    return scrub(error_message(content, limit=LIMIT * 2), sent, secret)
+    hay = _haystack(sent)
+    text = error_message(content, limit=LIMIT * 2, clean=lambda t: _scrub(t, hay, secret))
+    return text if len(text) <= LIMIT else text[: LIMIT - 3] + "..."

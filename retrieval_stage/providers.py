@@ -446,14 +446,20 @@ def _without_echo(value: Any) -> Any:
     return value
 
 
-def _fastapi_detail(detail: list[Any]) -> str:
-    """``type: msg (at loc)`` per FastAPI validation error, without the echoed ``input``."""
+def _same(text: str) -> str:
+    return text
+
+
+def _fastapi_detail(detail: list[Any], clean: Callable[[str], str]) -> str:
+    """``type: msg (at loc)`` per FastAPI validation error, without the echoed ``input``;
+    only ``msg`` is free text (``type`` and ``loc`` are the server's own names)."""
     parts = []
     for entry in detail:
         if not isinstance(entry, dict):
-            parts.append(json.dumps(_without_echo(entry)))
+            parts.append(clean(json.dumps(_without_echo(entry))))
             continue
         kind, msg, loc = entry.get("type"), entry.get("msg"), entry.get("loc")
+        msg = clean(msg) if isinstance(msg, str) else msg
         text = f"{kind}: {msg}" if kind and msg else str(msg or kind or "")
         if isinstance(loc, list) and loc:
             text += f" (at {'.'.join(str(part) for part in loc)})"
@@ -461,20 +467,21 @@ def _fastapi_detail(detail: list[Any]) -> str:
     return "; ".join(parts)
 
 
-def error_message(content: bytes, limit: int = 500) -> str:
+def error_message(content: bytes, limit: int = 500, clean: Callable[[str], str] = _same) -> str:
     """The server's error text from any provider's error body, cut to `limit` characters.
 
     Knows TEI's ``{"error", "error_type"}``, Cohere's and Mixedbread's ``{"message"}`` (also
     older vLLM's flat ``{"object": "error", "message"}``), Jina's, Voyage's and FastAPI's
     ``{"detail"}`` (a FastAPI validation list becomes ``type: msg (at loc)``, its echoed
     ``input`` dropped) and vLLM's and Infinity's ``{"error": {"message"}}``; anything else is
-    returned as text. Not yet free of the caller's text: `_sanitize` does that.
+    returned as text. `clean` is applied to every free text (not to FastAPI's ``type`` and
+    ``loc``): `_sanitize` passes the function that removes echoes of the caller's text.
     """
     text = content.decode("utf-8", errors="replace").strip()
     try:
         body = json.loads(text)
     except ValueError:
-        return text[:limit]
+        return clean(text)[:limit]
     message: Any = None
     if isinstance(body, dict):
         error = body.get("error")
@@ -486,8 +493,8 @@ def error_message(content: bytes, limit: int = 500) -> str:
         if message is None:
             message = body.get("message", body.get("detail"))
     if isinstance(message, list):
-        message = _fastapi_detail(message)
+        return _fastapi_detail(message, clean)[:limit]
     if message is None:
-        return json.dumps(_without_echo(body))[:limit]
+        return clean(json.dumps(_without_echo(body)))[:limit]
     text_out = message if isinstance(message, str) else json.dumps(_without_echo(message))
-    return text_out[:limit]
+    return clean(text_out)[:limit]
