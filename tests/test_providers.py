@@ -403,7 +403,8 @@ def test_sidecar_maps_scores_by_id_in_any_order(wm: WireMock, scenario: str) -> 
         ("duplicate-id", r"result 2: duplicate id '1'"),
         (
             "missing-id",
-            r"sidecar answered something that is not a sidecar response: expected 3 results for 3 texts, got 2; unscored indices include \[1\]",
+            r"sidecar answered something that is not a sidecar response: "
+            r"expected 3 results for 3 texts, got 2; unscored indices include \[1\]",
         ),
     ],
 )
