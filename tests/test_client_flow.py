@@ -4,9 +4,11 @@ messages that name what happened, /info, and the public-API transport under the 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Iterator
 
+import anyio
 import httpcore
 import httpx
 import pytest
@@ -15,7 +17,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from structlog.testing import capture_logs
 
-from retrieval_stage import AsyncRerankClient, RerankClient, RerankTransportError
+from retrieval_stage import (
+    AsyncRerankClient,
+    RerankClient,
+    RerankStatusError,
+    RerankTransportError,
+)
 from retrieval_stage._deadline_io import DeadlineTransport, httpx_error
 from retrieval_stage.errors import RerankClientClosedError, RerankError
 
@@ -234,3 +241,55 @@ def test_every_httpcore_error_has_an_httpx_twin() -> None:
 def test_the_sync_transport_maps_a_refused_connect_to_httpx() -> None:
     with httpx.Client(transport=DeadlineTransport()) as http, pytest.raises(httpx.ConnectError):
         http.get(f"http://127.0.0.1:{closed_port()}/")
+
+
+class InFlight:
+    """An async TEI stand-in that counts concurrent requests and cancelled ones."""
+
+    def __init__(self, fail_first_text: str | None = None, hold_s: float = 0.05) -> None:
+        self.now = 0
+        self.most = 0
+        self.cancelled = 0
+        self.fail_first_text = fail_first_text
+        self.hold_s = hold_s
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        texts = json.loads(request.content)["texts"]
+        if texts[0] == self.fail_first_text:
+            return httpx.Response(400, json={"error": "bad batch", "error_type": "Validation"})
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            await asyncio.sleep(self.hold_s)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.now -= 1
+        return httpx.Response(200, json=[{"index": i, "score": 0.5} for i in range(len(texts))])
+
+
+async def test_async_sub_batches_run_concurrently_up_to_max_concurrency() -> None:
+    server = InFlight()
+    http = httpx.AsyncClient(transport=httpx.MockTransport(server))
+    texts = [f"t{i}" for i in range(20)]
+    async with AsyncRerankClient(
+        "http://r.test", http_client=http, batch_size=2, max_concurrency=3
+    ) as client:
+        response = await client.rerank_response("q", texts)
+    assert server.most == 3
+    assert response.batches == 10
+    assert sorted(t for t, _ in response.results) == sorted(texts)
+
+
+async def test_one_failed_async_sub_batch_cancels_the_others_and_fails_the_call() -> None:
+    server = InFlight(fail_first_text="t6", hold_s=30.0)
+    http = httpx.AsyncClient(transport=httpx.MockTransport(server))
+    texts = [f"t{i}" for i in range(8)]
+    async with AsyncRerankClient(
+        "http://r.test", http_client=http, batch_size=2, max_concurrency=8
+    ) as client:
+        with anyio.fail_after(10), pytest.raises(RerankStatusError, match="bad batch"):
+            await client.rerank("q", texts)
+    assert server.cancelled == 3
+    assert server.now == 0
