@@ -7,7 +7,13 @@ when the reranker fails.
 
 from ._version import __version__
 from .client import AsyncRerankClient, RerankClient
-from .errors import RerankError, RerankProtocolError, RerankStatusError, RerankTransportError
+from .errors import (
+    RerankClientClosedError,
+    RerankError,
+    RerankProtocolError,
+    RerankStatusError,
+    RerankTransportError,
+)
 from .models import Candidate, Reranked, RerankResponse, Usage
 from .null import AsyncNullReranker, NullReranker
 from .protocols import AsyncReranker, Reranker
@@ -22,6 +28,7 @@ __all__ = [
     "Candidate",
     "NullReranker",
     "RerankClient",
+    "RerankClientClosedError",
     "RerankError",
     "RerankProtocolError",
     "RerankResponse",

@@ -4,19 +4,27 @@ httpx has per-phase timeouts, not a total one (encode/httpx#1450): each socket r
 the whole read timeout, so a server sending response headers one byte at a time could hold a
 sync call far past its deadline. The sync client sets `CALL_DEADLINE` (a monotonic instant)
 while it sends, and this network backend caps every connect, read and write at the time left.
-The async client needs none of this: `asyncio.wait_for` bounds the whole request.
+The async client needs none of this: one cancel scope bounds its whole call.
+
+Built only on public APIs: httpcore's ``ConnectionPool(network_backend=...)`` under a small
+httpx transport (`DeadlineTransport`). httpcore's exceptions become httpx's by class name
+(`_httpx_error`), as httpx's own transport does; `tests/test_client_transport.py` fails
+loudly if a new httpcore exception has no httpx twin.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
 import httpcore
+import httpx
 
-__all__ = ["CALL_DEADLINE", "DeadlineBackend", "install"]
+__all__ = ["CALL_DEADLINE", "DeadlineBackend", "DeadlineTransport", "httpx_error"]
 
 CALL_DEADLINE: ContextVar[float | None] = ContextVar("retrieval_stage_call_deadline", default=None)
 
@@ -81,16 +89,82 @@ class DeadlineBackend(httpcore.NetworkBackend):
         self._backend.sleep(seconds)
 
 
-def install(transport: Any) -> bool:
-    """Put `DeadlineBackend` under an `httpx.HTTPTransport`; False if its layout is unknown.
+def httpx_error(exc: httpcore.TimeoutException | Exception) -> httpx.TransportError | None:
+    """The httpx exception that stands for httpcore's `exc` (same class name, the nearest
+    ancestor that has one), or None when `exc` is not an httpcore error."""
+    if not isinstance(exc, Exception) or not type(exc).__module__.startswith("httpcore"):
+        return None
+    for cls in type(exc).__mro__:
+        twin = getattr(httpx, cls.__name__, None)
+        if isinstance(twin, type) and issubclass(twin, httpx.TransportError):
+            return twin(str(exc))
+    return None
 
-    Reaches into httpx's connection pool (``_pool._network_backend``): httpx offers no public
-    hook for the network backend. If a future httpx moves it, the client still checks the
-    deadline between body chunks, only less tightly.
+
+@contextlib.contextmanager
+def _mapped() -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        mapped = httpx_error(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+
+class _Body(httpx.SyncByteStream):
+    def __init__(self, stream: Iterable[bytes]) -> None:
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        with _mapped():
+            yield from self._stream
+
+    def close(self) -> None:
+        close = getattr(self._stream, "close", None)
+        if close is not None:
+            close()
+
+
+class DeadlineTransport(httpx.BaseTransport):
+    """An HTTP/1.1 transport whose every socket operation respects `CALL_DEADLINE`.
+
+    `ssl_context` defaults to httpx's (certificate verification on). Pool limits match httpx's
+    defaults (100 connections, 20 kept alive for 5 s).
     """
-    pool = getattr(transport, "_pool", None)
-    backend = getattr(pool, "_network_backend", None)
-    if not isinstance(backend, httpcore.NetworkBackend):
-        return False
-    pool._network_backend = DeadlineBackend(backend)  # type: ignore[union-attr]
-    return True
+
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=ssl_context if ssl_context is not None else httpx.create_ssl_context(),
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=5.0,
+            network_backend=DeadlineBackend(httpcore.SyncBackend()),
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        assert isinstance(request.stream, httpx.SyncByteStream)
+        core_request = httpcore.Request(
+            method=request.method,
+            url=httpcore.URL(
+                scheme=request.url.raw_scheme,
+                host=request.url.raw_host,
+                port=request.url.port,
+                target=request.url.raw_path,
+            ),
+            headers=request.headers.raw,
+            content=request.stream,
+            extensions=request.extensions,
+        )
+        with _mapped():
+            response = self._pool.handle_request(core_request)
+        assert isinstance(response.stream, Iterable)
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.headers,
+            stream=_Body(response.stream),
+            extensions=response.extensions,
+        )
+
+    def close(self) -> None:
+        self._pool.close()

@@ -10,6 +10,7 @@ request headers, and server text has the key replaced before it is quoted.
 from __future__ import annotations
 
 __all__ = [
+    "RerankClientClosedError",
     "RerankError",
     "RerankProtocolError",
     "RerankStatusError",
@@ -44,9 +45,9 @@ class RerankStatusError(RerankError):
         self.status_code = status_code
         self.server_message = server_message
         self.provider = provider
-        where = f" from {provider}" if provider else ""
+        who = provider or "the rerank service"
         detail = f": {server_message}" if server_message else ""
-        super().__init__(f"HTTP {status_code}{where}{detail}")
+        super().__init__(f"{who} answered HTTP {status_code}{detail}")
 
 
 class RerankProtocolError(RerankError):
@@ -54,3 +55,8 @@ class RerankProtocolError(RerankError):
 
     Raised instead of ever returning a result that might be attached to the wrong item.
     """
+
+
+class RerankClientClosedError(RerankError):
+    """The client can no longer send: it was closed, or (async) the event loop it was used in
+    has closed. The message says what to do; the stage falls back as for any rerank failure."""

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .client import rank, snapshot
+from ._args import rank, snapshot
 from .errors import RerankError, RerankProtocolError
 from .model_source import (
     DEFAULT_EMBEDDING_MODEL,

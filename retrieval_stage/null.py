@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from .client import snapshot
+from ._args import snapshot
 from .models import RerankResponse
 
 __all__ = ["AsyncNullReranker", "NullReranker"]

@@ -23,6 +23,7 @@ __all__ = [
     "PROVIDERS",
     "ParsedBatch",
     "WireFormat",
+    "batch_cap",
     "batch_size_refusal",
     "build_request",
     "check_required_fields",
@@ -432,31 +433,94 @@ def parse_response(
     )
 
 
-_BATCH_REFUSAL = re.compile(r"batch size (\d+) > maximum allowed batch size (\d+)")
+_BATCH_REFUSALS = (
+    # TEI: "batch size 64 > maximum allowed batch size 32"
+    re.compile(r"batch size (?P<sent>\d+) > maximum allowed batch size (?P<cap>\d+)"),
+    # Infinity and any pydantic/FastAPI server:
+    # "List should have at most 2048 items after validation, not 3000"
+    re.compile(r"should have at most (?P<cap>\d+) items? after validation, not (?P<sent>\d+)"),
+)
 
 
 def batch_size_refusal(message: str) -> int | None:
-    """The server's batch cap M from a ``batch size N > maximum allowed batch size M`` error."""
-    match = _BATCH_REFUSAL.search(message)
-    if match is None:
-        return None
-    cap = int(match.group(2))
-    return cap if cap > 0 else None
+    """The server's batch cap from a refusal message: TEI's ``batch size N > maximum allowed
+    batch size M`` or pydantic's ``List should have at most M items after validation, not N``
+    (Infinity, FastAPI servers); None when the message states no cap."""
+    for pattern in _BATCH_REFUSALS:
+        match = pattern.search(message)
+        if match is not None:
+            cap = int(match.group("cap"))
+            return cap if 0 < cap < int(match.group("sent")) else None
+    return None
 
 
-def error_message(content: bytes, limit: int = 500) -> str:
+def batch_cap(content: bytes, sent: int) -> int | None:
+    """The batch cap an error body states for a request of `sent` texts, or None.
+
+    Reads FastAPI's structured ``{"detail": [{"type": "too_long", "ctx": {"max_length": M,
+    "actual_length": N}}]}`` (only when N is the number of texts sent, so a too-long *string*
+    is never taken for a list cap), else the wording `batch_size_refusal` knows.
+    """
+    try:
+        body = json.loads(content)
+    except ValueError:
+        body = None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    for entry in detail if isinstance(detail, list) else ():
+        ctx = entry.get("ctx") if isinstance(entry, dict) else None
+        if isinstance(ctx, dict) and entry.get("type") == "too_long":
+            cap, actual = _nonneg_int(ctx.get("max_length")), ctx.get("actual_length")
+            if cap and actual == sent and cap < sent:
+                return cap
+    cap = batch_size_refusal(content.decode("utf-8", errors="replace"))
+    return cap if cap is not None and cap < sent else None
+
+
+def _without_echo(value: Any) -> Any:
+    """`value` without FastAPI's ``input`` fields, which echo what was sent."""
+    if isinstance(value, dict):
+        return {k: _without_echo(v) for k, v in value.items() if k != "input"}
+    if isinstance(value, list):
+        return [_without_echo(v) for v in value]
+    return value
+
+
+def _same(text: str) -> str:
+    return text
+
+
+def _fastapi_detail(detail: list[Any], clean: Callable[[str], str]) -> str:
+    """``type: msg (at loc)`` per FastAPI validation error, without the echoed ``input``;
+    only ``msg`` is free text (``type`` and ``loc`` are the server's own names)."""
+    parts = []
+    for entry in detail:
+        if not isinstance(entry, dict):
+            parts.append(clean(json.dumps(_without_echo(entry))))
+            continue
+        kind, msg, loc = entry.get("type"), entry.get("msg"), entry.get("loc")
+        msg = clean(msg) if isinstance(msg, str) else msg
+        text = f"{kind}: {msg}" if kind and msg else str(msg or kind or "")
+        if isinstance(loc, list) and loc:
+            text += f" (at {'.'.join(str(part) for part in loc)})"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def error_message(content: bytes, limit: int = 500, clean: Callable[[str], str] = _same) -> str:
     """The server's error text from any provider's error body, cut to `limit` characters.
 
     Knows TEI's ``{"error", "error_type"}``, Cohere's and Mixedbread's ``{"message"}`` (also
     older vLLM's flat ``{"object": "error", "message"}``), Jina's, Voyage's and FastAPI's
-    ``{"detail"}`` and vLLM's and Infinity's ``{"error": {"message"}}``; anything else is
-    returned as text.
+    ``{"detail"}`` (a FastAPI validation list becomes ``type: msg (at loc)``, its echoed
+    ``input`` dropped) and vLLM's and Infinity's ``{"error": {"message"}}``; anything else is
+    returned as text. `clean` is applied to every free text (not to FastAPI's ``type`` and
+    ``loc``): `_sanitize` passes the function that removes echoes of the caller's text.
     """
     text = content.decode("utf-8", errors="replace").strip()
     try:
         body = json.loads(text)
     except ValueError:
-        return text[:limit]
+        return clean(text)[:limit]
     message: Any = None
     if isinstance(body, dict):
         error = body.get("error")
@@ -467,7 +531,9 @@ def error_message(content: bytes, limit: int = 500) -> str:
             message = f"{error} ({kind})" if isinstance(kind, str) and kind else error
         if message is None:
             message = body.get("message", body.get("detail"))
+    if isinstance(message, list):
+        return _fastapi_detail(message, clean)[:limit]
     if message is None:
-        return text[:limit]
-    text_out = message if isinstance(message, str) else json.dumps(message)
-    return text_out[:limit]
+        return clean(json.dumps(_without_echo(body)))[:limit]
+    text_out = message if isinstance(message, str) else json.dumps(_without_echo(message))
+    return clean(text_out)[:limit]

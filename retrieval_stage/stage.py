@@ -27,6 +27,7 @@ from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, TracerProvider
 
+from . import validate
 from ._log import get_logger
 from ._otel_private import tracing_suppressed
 from ._version import __version__
@@ -159,10 +160,7 @@ class RerankStage:
             raise TypeError(f"reranker must have a rerank() method, got {type(reranker).__name__}")
         if on_error not in ("fallback", "raise"):
             raise ValueError(f"on_error must be 'fallback' or 'raise', got {on_error!r}")
-        if top_k is not None and (
-            isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0
-        ):
-            raise ValueError(f"top_k must be an int >= 0 or None, got {top_k!r}")
+        top_k = validate.top_k(top_k)
         if min_score is not None and not math.isfinite(min_score):
             raise ValueError(f"min_score must be a finite number, got {min_score!r}")
         if max_content_length < 16:

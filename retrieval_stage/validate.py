@@ -69,19 +69,17 @@ def finite_number(value: Any, field: str, *, positive: bool = False, noun: str =
 
 
 def api_key(value: Any, field: str = "api_key") -> str | None:
-    """An API key that can be sent as a header value; None means no key.
+    """An API key that can be sent as a header value; None (or ``""``) means no key.
 
-    A header value may contain spaces, so a key may; what cannot be sent is refused: an empty
-    key, surrounding whitespace (HTTP strips it; a trailing newline from a secrets file is the
+    A header value may contain spaces, so a key may; what cannot be sent is refused:
+    surrounding whitespace (HTTP strips it; a trailing newline from a secrets file is the
     usual cause), control characters (CR/LF would split the header) and non-ASCII characters
     (httpx encodes a str header value as ASCII, so such a key would fail at request time).
     """
-    if value is None:
-        return None
+    if value is None or value == "":
+        return None  # empty means no key, as an unset RERANK_API_KEY does
     if not isinstance(value, str):
         raise InvalidSetting(field, f"must be a str or None, got {type(value).__name__}")
-    if not value:
-        raise InvalidSetting(field, "must not be empty (pass None for no key)")
     if value != value.strip():
         raise InvalidSetting(
             field,

@@ -325,3 +325,26 @@ def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     yield provider, exporter
     provider.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Each test starts from, and leaves behind, the same logging set-up.
+
+    The CLI configures structlog (and bridges the OpenTelemetry SDK's loggers) into the stream
+    it was given, which for an in-process CliRunner is closed after the command: left in place,
+    the next test's log line would hit a closed file.
+    """
+    import logging
+
+    import structlog
+
+    saved = structlog.get_config()
+    loggers = [logging.getLogger(n) for n in ("opentelemetry", "opentelemetry.exporter")]
+    state = [(lg, list(lg.handlers), lg.level, lg.propagate) for lg in loggers]
+    yield
+    structlog.configure(**saved)
+    for lg, handlers, level, propagate in state:
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate = propagate

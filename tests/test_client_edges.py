@@ -100,8 +100,9 @@ def test_json_escaped_key_echo_is_redacted(wm: WireMock) -> None:
 
 
 def test_invalid_base_url_is_refused_at_construction() -> None:
-    with pytest.raises(ValueError, match="not a valid URL"):
+    with pytest.raises(ValueError, match=r"^base_url must be an http\(s\) URL") as caught:
         RerankClient("http://[::1")
+    assert getattr(caught.value, "field", None) == "base_url"
 
 
 def test_url_credentials_are_masked_in_repr_and_errors() -> None:

@@ -11,19 +11,25 @@ from retrieval_stage import AsyncRerankClient, Candidate, RerankClient, RerankSt
 
 def test_all_lists_exactly_the_public_names() -> None:
     public = {
-        "AsyncRerankClient", "AsyncReranker", "Candidate", "NullReranker", "RerankClient",
-        "RerankError", "RerankProtocolError", "RerankResponse", "RerankStage",
-        "RerankStatusError", "RerankTransportError", "Reranked", "Reranker", "Usage",
-        "PROVIDERS", "__version__",
+        "AsyncNullReranker", "AsyncRerankClient", "AsyncReranker", "Candidate",
+        "NullReranker", "RerankClient", "RerankClientClosedError", "RerankError",
+        "RerankProtocolError", "RerankResponse", "RerankStage", "RerankStatusError",
+        "RerankTransportError", "Reranked", "Reranker", "Usage", "PROVIDERS", "__version__",
     }  # fmt: skip
-    assert public <= set(retrieval_stage.__all__)
+    assert set(retrieval_stage.__all__) == public
+    assert len(retrieval_stage.__all__) == len(public), "a name listed twice"
     for name in retrieval_stage.__all__:
         assert hasattr(retrieval_stage, name), name
 
 
 def test_error_tree() -> None:
     base = retrieval_stage.RerankError
-    for name in ("RerankTransportError", "RerankStatusError", "RerankProtocolError"):
+    for name in (
+        "RerankTransportError",
+        "RerankStatusError",
+        "RerankProtocolError",
+        "RerankClientClosedError",
+    ):
         assert issubclass(getattr(retrieval_stage, name), base)
 
 

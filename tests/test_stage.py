@@ -125,7 +125,7 @@ SCRAMBLED_INPUTS = {
     "reranker.input_documents.3.document.score": 0.8,
 }
 
-UNAUTHORIZED = "RerankStatusError: HTTP 401 from tei: invalid api key (Unauthorized)"
+UNAUTHORIZED = "RerankStatusError: tei answered HTTP 401: invalid api key (Unauthorized)"
 
 
 def assert_exactly(attributes: Any, expected: dict[str, Any]) -> None:

@@ -1,0 +1,230 @@
+"""What a server echoes back never reaches an error, and a cap it states is learned.
+
+A marker sits in the query and in one document; every provider's error shape echoes them
+(FastAPI's ``input``, messages quoting the text, JSON-escaped copies). The marker must appear
+nowhere in the exception's message, repr or ``server_message``, nor in the client's log lines,
+while the server's own explanation survives.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import httpx
+import pytest
+from structlog.testing import capture_logs
+
+from retrieval_stage import AsyncRerankClient, RerankClient, RerankError, RerankStatusError
+from retrieval_stage._sanitize import ECHO_MIN_CHARS, scrub
+from retrieval_stage.providers import batch_cap, batch_size_refusal
+
+QMARK = "Qmarker7f3a9b"
+DMARK = "Dmarker0c2e55"
+QUERY = f"which {QMARK} is it"
+DOCS = ["a plain first document", f'the "second" naïve {DMARK} document', "third"]
+SECRET = "sk-sanitize-test-key"
+
+
+def echo_bodies() -> dict[str, tuple[str, int, Any]]:
+    """provider -> (the explanation that must survive, status, error body echoing our text)."""
+    doc = DOCS[1]
+    return {
+        "tei": (
+            "is too long",
+            422,
+            {"error": f"Input validation error: `{QUERY}` is too long", "error_type": "Validation"},
+        ),
+        "cohere": ("too long", 400, {"message": f"document '{doc}' too long"}),
+        "jina": ("invalid document", 400, {"detail": f"invalid document: {doc}"}),
+        "voyage": ("bad query", 400, {"detail": f"bad query {QUERY!r}"}),
+        "vllm": (
+            "exceeds",
+            400,
+            {"error": {"message": f"{doc} exceeds max length", "type": "BadRequestError"}},
+        ),
+        "infinity": (
+            "string_too_long: String should have at most 10 characters",
+            422,
+            {
+                "detail": [
+                    {
+                        "type": "string_too_long",
+                        "loc": ["body", "documents", 1],
+                        "msg": "String should have at most 10 characters",
+                        "input": doc,
+                        "ctx": {"max_length": 10},
+                    },
+                    {
+                        "type": "missing",
+                        "loc": ["body", "x"],
+                        "msg": f"near {QUERY}",
+                        "input": DOCS,
+                    },
+                ]
+            },
+        ),
+    }
+
+
+def handler_answering(status: int, body: Any) -> httpx.MockTransport:
+    return httpx.MockTransport(lambda request: httpx.Response(status, json=body))
+
+
+def assert_no_marker(exc: BaseException, logs: Sequence[Mapping[str, Any]]) -> None:
+    shown = [str(exc), repr(exc), getattr(exc, "server_message", ""), json.dumps(logs, default=str)]
+    for text in shown:
+        for marker in (QMARK, DMARK, SECRET):
+            assert marker not in text, text
+
+
+@pytest.mark.parametrize("provider", sorted(echo_bodies()))
+def test_a_server_echo_of_query_or_document_never_reaches_the_error(provider: str) -> None:
+    kept, status, body = echo_bodies()[provider]
+    http = httpx.Client(transport=handler_answering(status, body))
+    with (
+        capture_logs() as logs,
+        RerankClient(
+            "http://r.test", provider=provider, model="m", http_client=http, api_key=SECRET
+        ) as c,
+        pytest.raises(RerankStatusError) as caught,
+    ):
+        c.rerank(QUERY, DOCS)
+    assert_no_marker(caught.value, logs)
+    assert kept in caught.value.server_message
+    assert str(caught.value).startswith(f"{provider} answered HTTP {status}: ")
+
+
+def test_fastapi_input_fields_are_dropped_and_type_and_msg_kept() -> None:
+    body = {
+        "detail": [
+            {
+                "type": "too_long",
+                "loc": ["body", "documents"],
+                "msg": "List should have at most 2 items after validation, not 3",
+                "input": DOCS,
+            }
+        ]
+    }
+    http = httpx.Client(transport=handler_answering(422, body))
+    with (
+        RerankClient("http://r.test", provider="infinity", http_client=http) as c,
+        pytest.raises(RerankStatusError) as caught,
+    ):
+        # batch of one: the stated cap (2) is not below it, so nothing is split
+        c.rerank(QUERY, [DOCS[1]])
+    assert caught.value.server_message == (
+        "too_long: List should have at most 2 items after validation, not 3 (at body.documents)"
+    )
+
+
+async def test_the_async_client_sanitises_the_same_way() -> None:
+    _, status, body = echo_bodies()["infinity"]
+    http = httpx.AsyncClient(transport=handler_answering(status, body))
+    with capture_logs() as logs, pytest.raises(RerankStatusError) as caught:
+        async with AsyncRerankClient("http://r.test", provider="infinity", http_client=http) as c:
+            await c.rerank(QUERY, DOCS)
+    assert_no_marker(caught.value, logs)
+
+
+def test_a_plain_text_or_json_escaped_echo_is_removed_too() -> None:
+    escaped = json.dumps(DOCS[1])  # \"second\" and \u00ef as a server's JSON would have them
+    http = httpx.Client(transport=httpx.MockTransport(
+        lambda r: httpx.Response(400, text=f"bad input {escaped} and {QUERY[:-2]}")
+    ))  # fmt: skip
+    with (
+        RerankClient("http://r.test", http_client=http) as c,
+        pytest.raises(RerankStatusError) as caught,
+    ):
+        c.rerank(QUERY, DOCS)
+    assert_no_marker(caught.value, [])
+    assert caught.value.server_message.startswith("bad input ")
+
+
+def test_scrub_keeps_short_overlaps_and_caps_the_rest() -> None:
+    short = "x" * (ECHO_MIN_CHARS - 1)
+    assert scrub(f"error near {short}!", [f"a{short}b"]) == f"error near {short}!"
+    assert scrub("abcdefghij-tail", ["zzabcdefghijzz"]) == "<echo removed>-tail"
+    assert len(scrub("y" * 5000, [], limit=300)) == 300
+
+
+def test_a_2xx_that_is_not_json_does_not_quote_our_text_either() -> None:
+    http = httpx.Client(transport=httpx.MockTransport(
+        lambda r: httpx.Response(200, text=f"<html>{DMARK}</html>",
+                                 headers={"content-type": "text/html"})
+    ))  # fmt: skip
+    with RerankClient("http://r.test", http_client=http) as c, pytest.raises(RerankError) as caught:
+        c.rerank(QUERY, DOCS)
+    assert "not valid JSON (text/html)" in str(caught.value)
+    assert_no_marker(caught.value, [])
+
+
+# -- batch caps stated by servers other than TEI ---------------------------------------------
+
+
+def infinity_like(cap: int, *, structured: bool) -> tuple[httpx.MockTransport, list[int]]:
+    """A server refusing more than `cap` documents as Infinity does (422, FastAPI shape)."""
+    sizes: list[int] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        docs = json.loads(request.content)["documents"]
+        sizes.append(len(docs))
+        if len(docs) > cap:
+            msg = f"List should have at most {cap} items after validation, not {len(docs)}"
+            entry: dict[str, Any] = {"type": "too_long", "loc": ["body", "documents"]}
+            entry |= {"msg": msg, "input": docs}
+            if structured:
+                entry["ctx"] = {"field_type": "List", "max_length": cap, "actual_length": len(docs)}
+                entry["msg"] = "too many"
+            return httpx.Response(422, json={"detail": [entry]})
+        results = [{"index": i, "relevance_score": 1.0 / (i + 1)} for i in range(len(docs))]
+        return httpx.Response(200, json={"results": results})
+
+    return httpx.MockTransport(handle), sizes
+
+
+@pytest.mark.parametrize("structured", [False, True], ids=["message", "ctx"])
+def test_infinitys_cap_is_learned_split_and_remembered(structured: bool) -> None:
+    transport, sizes = infinity_like(2, structured=structured)
+    texts = [f"t{i}" for i in range(5)]
+    with (
+        capture_logs() as logs,
+        RerankClient("http://r.test", provider="infinity", http_client=httpx.Client(
+            transport=transport)) as c,
+    ):  # fmt: skip
+        first = c.rerank("q", texts)
+        assert c.batch_size == 2
+        c.rerank("q", texts)
+    assert sizes == [5, 2, 2, 1, 2, 2, 1]
+    assert sorted(t for t, _ in first) == texts
+    learned = [e for e in logs if e["event"] == "rerank.batch_size_learned"]
+    assert [(e["batch_size"], e["refused"]) for e in learned] == [(2, 5)]
+
+
+async def test_the_async_client_resplits_its_planned_batches_to_a_learned_cap() -> None:
+    transport, sizes = infinity_like(2, structured=True)
+    texts = [f"t{i}" for i in range(8)]
+    http = httpx.AsyncClient(transport=transport)
+    async with AsyncRerankClient(
+        "http://r.test", provider="infinity", http_client=http, batch_size=4
+    ) as c:
+        result = await c.rerank("q", texts)
+    assert c.batch_size == 2
+    assert sorted(t for t, _ in result) == texts
+    # two planned batches of 4, each refused, then (at most) four of 2: never more than 2 after
+    assert sorted(sizes)[-2:] == [4, 4]
+    assert sorted(sizes)[:-2] == [2, 2, 2, 2]
+
+
+def test_a_too_long_string_is_not_taken_for_a_list_cap() -> None:
+    body = {"detail": [{"type": "too_long", "ctx": {"max_length": 2, "actual_length": 900}}]}
+    assert batch_cap(json.dumps(body).encode(), sent=5) is None
+    body["detail"][0]["ctx"]["actual_length"] = 5  # type: ignore[index]
+    assert batch_cap(json.dumps(body).encode(), sent=5) == 2
+
+
+def test_batch_size_refusal_reads_tei_and_pydantic_wording() -> None:
+    assert batch_size_refusal("batch size 64 > maximum allowed batch size 32") == 32
+    assert batch_size_refusal("List should have at most 100 items after validation, not 300") == 100
+    assert batch_size_refusal("something else") is None
