@@ -57,5 +57,7 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff format --check retrieval_stage tests
 	$(BIN)/mypy
 
+# Tests run in file order (-p no:randomly): a run CI can repeat. pytest-randomly is installed
+# for shuffled runs: $(BIN)/python -m pytest -p randomly
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -p no:randomly

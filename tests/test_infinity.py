@@ -31,6 +31,7 @@ import httpx
 import pytest
 import structlog
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -208,14 +209,16 @@ def test_a_call_above_the_servers_cap_is_split_and_the_cap_is_learned(infinity: 
     for start in range(0, 300, SERVER_CAP):
         chunk = raw_rerank(infinity, QUERY, texts[start : start + SERVER_CAP])
         expected.update({start + r["index"]: r["relevance_score"] for r in chunk["results"]})
+    items = list(range(300))  # the caller's items: positions, so a result names its text
     with RerankClient(infinity, provider="infinity", model="ce-minilm") as client:
-        response = client.rerank_response(QUERY, texts)
+        response = client.rerank_response(QUERY, items, text=lambda i: texts[i])
         assert response.batches >= 3
         assert client.batch_size <= SERVER_CAP, "the cap is remembered for the next call"
         again = client.rerank_response(QUERY, texts[:150])
     assert len(response.results) == 300
-    for result in response.results:
-        assert result.score == pytest.approx(expected[result.index], abs=1e-5)
+    assert sorted(i for i, _ in response.results) == items
+    for index, score in response.results:
+        assert score == pytest.approx(expected[index], abs=1e-5)
     assert again.batches == 2
     assert response.usage.total_tokens is not None
     assert response.usage.total_tokens > 0
@@ -320,15 +323,36 @@ def test_nothing_the_server_echoes_leaks_the_callers_text(
     for marker in (QUERY_MARKER, DOC_MARKER):
         for where, text in places.items():
             assert marker not in text, f"{marker} leaked into the {where}"
-    exported = b"".join(bodies)
-    assert exported, "the span was exported over OTLP/HTTP"
-    if hide:
-        assert QUERY_MARKER.encode() not in exported
-        assert DOC_MARKER.encode() not in exported
-    else:
-        # Only the span's own capped document attributes may carry the text: at most one
-        # occurrence per document (its capped content), never the server's echo.
-        assert exported.count(DOC_MARKER.encode()) <= 2 * 2
+    assert bodies, "the span was exported over OTLP/HTTP"
+    # Decoded: the markers may stand only where the span records the caller's own text on
+    # purpose (the query, and the input documents' capped content); with OPENINFERENCE_HIDE_*
+    # nowhere at all. Never in the status, an event, or any other attribute.
+    allowed = {
+        QUERY_MARKER: () if hide else ("reranker.query", "input.value"),
+        DOC_MARKER: () if hide else ("reranker.input_documents.",),
+    }
+    found: list[tuple[str, str]] = []
+    for body in bodies:
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                for exported in scope_spans.spans:
+                    places = [(kv.key, str(kv.value)) for kv in exported.attributes]
+                    places.append(("status", exported.status.message))
+                    for event in exported.events:
+                        places += [
+                            (f"event {event.name} {kv.key}", str(kv.value))
+                            for kv in event.attributes
+                        ]
+                    for where, text in places:
+                        for marker in (QUERY_MARKER, DOC_MARKER):
+                            if marker in text:
+                                found.append((marker, where))
+    for marker, where in found:
+        assert allowed[marker], f"{marker} exported in {where} although hidden"
+        assert where.startswith(allowed[marker]), f"{marker} exported in {where}"
+    if not hide:
+        assert {m for m, _ in found} == {QUERY_MARKER, DOC_MARKER}, "the span keeps its own text"
 
 
 def test_the_stage_span_carries_the_servers_scores(infinity: str) -> None:
