@@ -76,7 +76,7 @@ def test_auto_offline_with_no_cross_encoder_on_disk_takes_the_embedding_model_an
     assert result.exit_code == 0, result.stderr
     out = flat(result.stdout)
     assert f"reranker: embedding model {MINILM}" in out
-    assert "auto: the cross-encoder cross-encoder/ms-marco-MiniLM-L-6-v2 is not on disk" in out
+    assert "auto: cross-encoder/ms-marco-MiniLM-L-6-v2 (a cross-encoder) is not on disk" in out
     assert "HF_HUB_OFFLINE is set" in out
     assert "recall: BM25 over 6" in out
 
@@ -185,6 +185,26 @@ def test_eval_with_dense_recall_finds_candidates_over_the_docs(
     assert report["recall"] == f"dense ({MINILM}, cosine), top 50"
     assert report["reranker"]["model"] == MINILM
     assert report["metrics"]["MRR@10"]["recall"] == 1.0  # both found first by their meaning
+    # stderr: no blank line, no hint about a reranker line the JSON mode did not print.
+    assert not result.stderr.startswith("\n")
+    assert "\n\n" not in result.stderr
+    assert "reranker:" not in result.stderr
+    assert "auto:" not in result.stderr
+
+
+def test_eval_json_under_auto_says_why_in_the_json_not_on_stderr(
+    model: Any, corpus: Path, tmp_path: Path
+) -> None:
+    result = invoke(
+        "eval", *eval_set(tmp_path), "--docs", str(corpus), "--json", "--resamples", "100",
+        **cache_env(tmp_path),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    reranker = json.loads(result.stdout)["reranker"]
+    assert reranker["model"] == MINILM
+    assert "is not on disk and HF_HUB_OFFLINE is set" in reranker["why"]
+    assert "auto:" not in result.stderr
+    assert "\n\n" not in result.stderr
 
 
 def test_eval_refuses_candidates_together_with_recall(tmp_path: Path) -> None:

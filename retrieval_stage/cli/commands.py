@@ -436,6 +436,7 @@ def eval_(
                 "label": chosen.label,
                 "provider": getattr(chosen.reranker, "provider", None),
                 "model": getattr(chosen.reranker, "model_name", None),
+                "why": chosen.why,  # why auto passed over the better choices, or null
             }
             body["recall"] = inputs.recall_label
             sys.stdout.write(json.dumps(body, ensure_ascii=False, indent=2) + "\n")

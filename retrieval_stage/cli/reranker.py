@@ -189,7 +189,7 @@ def _cross_encoder(
             if hub_offline()
             else f"the Hugging Face hub at {hub_endpoint()} does not answer"
         )
-        reason = f"the cross-encoder {name} is not on disk and {hub}"
+        reason = f"{name} (a cross-encoder) is not on disk and {hub}"
         if strict:
             fail(
                 EXIT_FAILURE,
