@@ -145,18 +145,49 @@ def _methods(qualname: str, cls: type) -> Iterator[tuple[str, str, str]]:
             yield f"{qualname}.{name}", kind, doc
 
 
+_STRUCTURED_LINE = re.compile(
+    r"\s"  # indented: a literal block, a doctest or a definition's body
+    r"|[+][-=+]+[+]\s*$"  # a grid table's border
+    r"|[|].*[|]\s*$"  # a grid table's row
+    r"|=+( +=+)+\s*$"  # a simple table's border
+    r"|>>> "  # a doctest
+)
+
+
+def _is_structured(paragraph: str) -> bool:
+    """Whether `paragraph`'s line breaks carry meaning: a reST table, literal block or doctest."""
+    return any(_STRUCTURED_LINE.match(line) for line in paragraph.splitlines())
+
+
+def _kept_lines(paragraph: str) -> str:
+    """A structured paragraph as written: its lines, trailing spaces and outer blank lines
+    dropped."""
+    return "\n".join(line.rstrip() for line in paragraph.strip("\n").splitlines())
+
+
 def _leading_paragraphs(doc: str, max_chars: int = MAX_CHARS) -> str:
-    """Whole paragraphs (whitespace collapsed) up to `max_chars`; the first is always kept."""
-    paragraphs = [" ".join(p.split()) for p in re.split(r"\n\s*\n", doc) if p.strip()]
+    """Whole paragraphs up to `max_chars`; the first is always kept.
+
+    Prose has its whitespace collapsed; reST tables, literal blocks and doctests keep their
+    lines, so a card that shows them stays readable. `max_chars` counts the words and their
+    single separators, not the layout's spaces, so keeping a table's lines never changes which
+    paragraphs are kept (nor, therefore, the words recall indexes).
+    """
+    paragraphs = [p for p in re.split(r"\n\s*\n", doc) if p.strip()]
     kept: list[str] = []
+    flat_kept: list[str] = []
     used = 0
     for paragraph in paragraphs:
-        if kept and used + len(paragraph) + 1 > max_chars:
+        flat = " ".join(paragraph.split())
+        if kept and used + len(flat) + 1 > max_chars:
             break
-        kept.append(paragraph)
-        used += len(paragraph) + 1
-    text = "\n".join(kept)
-    return text if len(text) <= max_chars else text[: max_chars - 1].rstrip() + "…"
+        kept.append(_kept_lines(paragraph) if _is_structured(paragraph) else flat)
+        flat_kept.append(flat)
+        used += len(flat) + 1
+    text = "\n".join(flat_kept)
+    if len(text) > max_chars:  # one paragraph past the budget: cut, as prose
+        return text[: max_chars - 1].rstrip() + "…"
+    return "\n".join(kept)
 
 
 def write_jsonl(documents: Iterable[Candidate], path: str | Path) -> int:

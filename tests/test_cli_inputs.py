@@ -16,7 +16,11 @@ from retrieval_stage.jsonl import JsonLineError, candidate_fields, json_lines
 from retrieval_stage.models import Candidate, Reranked
 from retrieval_stage.pipeline import compare_ranks
 
-from .test_cli import flat, invoke
+from .test_cli import (
+    _reset_logging,  # noqa: F401 - autouse: structlog back to defaults after each test
+    flat,
+    invoke,
+)
 
 
 def rendered(width: int, ident: str, score: float, recall: float) -> str:

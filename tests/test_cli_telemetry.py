@@ -14,7 +14,12 @@ from typing import ClassVar
 
 import pytest
 
-from .test_cli import CANDIDATES, invoke, run_script
+from .test_cli import (
+    CANDIDATES,
+    _reset_logging,  # noqa: F401 - autouse: structlog back to defaults after each test
+    invoke,
+    run_script,
+)
 
 SLOW_MACHINE_MARGIN_S = 4.0
 """Added to a run without a collector: the old exit took 7-11 s, a bounded one ~1 s more."""
@@ -125,6 +130,20 @@ def test_a_collector_down_or_stuck_costs_one_bounded_wait_and_one_line(
     for chatter in SDK_CHATTER:
         assert chatter not in stderr
     assert "spans not delivered" in " ".join(stderr.split())
+
+
+def test_by_default_a_stuck_collector_costs_at_most_half_a_second_of_waiting(
+    silent_port: str,
+) -> None:
+    from retrieval_stage.cli.options import DEFAULT_TELEMETRY_TIMEOUT_S
+
+    result = run_script(
+        "rerank", "-q", "rust", "--reranker", "lexical", stdin=CANDIDATES,
+        OTEL_EXPORTER_OTLP_ENDPOINT=silent_port,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    [line] = [x for x in result.stderr.splitlines() if "telemetry.undelivered" in x]
+    assert json.loads(line)["timeout_s"] == DEFAULT_TELEMETRY_TIMEOUT_S <= 0.5
 
 
 def test_project_lands_on_the_resource(tmp_path: Path) -> None:

@@ -307,3 +307,39 @@ def test_build_corpus_is_deterministic_and_reads_this_pythons_docstrings() -> No
     dumps = next(d for d in first if d.id == "json.dumps")
     assert dumps.text.startswith("json.dumps: Serialize ``obj`` to a JSON formatted ``str``")
     assert "json.JSONEncoder.encode" in ids  # public methods of public classes too
+
+
+def test_corpus_texts_keep_the_lines_of_tables_literal_blocks_and_doctests() -> None:
+    from retrieval_stage.corpus import _leading_paragraphs
+
+    doc = (
+        "Encode things.\n\n"
+        "Supports these\ntypes  by default:\n\n"
+        "+------+------+\n| a    | b    |\n+======+======+\n\n"
+        "Example::\n\n    x = 1\n    y = 2\n\n"
+        ">>> f(1)\n2"
+    )
+    assert _leading_paragraphs(doc) == (
+        "Encode things.\n"
+        "Supports these types by default:\n"  # prose: whitespace collapsed
+        "+------+------+\n| a    | b    |\n+======+======+\n"
+        "Example::\n"
+        "    x = 1\n    y = 2\n"  # the literal block keeps its lines and indentation
+        ">>> f(1)\n2"
+    )
+
+
+def test_keeping_layout_never_changes_which_paragraphs_fit() -> None:
+    from retrieval_stage.corpus import _leading_paragraphs
+
+    table = "\n".join(["+" + "-" * 30 + "+"] + ["| x" + " " * 28 + "|"] * 20)
+    doc = f"First.\n\n{table}\n\nLast words."
+    kept = _leading_paragraphs(doc, max_chars=200)
+    # The table is ~670 characters as laid out but ~150 of words: it fits, and so does the rest.
+    assert kept.splitlines()[1] == "+" + "-" * 30 + "+"
+    assert kept.endswith("Last words.")
+
+
+def test_the_bundled_json_encoder_card_shows_its_table_row_by_row() -> None:
+    card = next(d.text for d in load_corpus() if d.id == "json.JSONEncoder")
+    assert "\n| dict              | object        |\n" in card

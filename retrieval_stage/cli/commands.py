@@ -11,6 +11,7 @@ This is an application, so unlike the library it configures logging and tracing,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -30,7 +31,14 @@ from ..models import Candidate
 from .console import EXIT_DEGRADED, EXIT_FAILURE, EXIT_USAGE, err, fail, note, out
 from .failure import Witness, backoff_s
 from .inputs import check_text, read_candidates
-from .options import Command, Group, OutputFormat, RerankOptions, with_rerank_options
+from .options import (
+    Command,
+    Group,
+    OutputFormat,
+    RecallChoice,
+    RerankOptions,
+    with_rerank_options,
+)
 from .render import (
     changes_table,
     metrics_table,
@@ -110,19 +118,28 @@ def demo(
     interval: Annotated[
         float, typer.Option("--interval", min=0.0, help="Seconds to wait between repeats.")
     ] = 1.0,
+    recall: Annotated[
+        RecallChoice,
+        typer.Option(
+            "--recall",
+            help="bm25: words; dense: cosine of embeddings (the embedding model, document "
+            "embeddings cached on disk after the first run); hybrid: both, fused by "
+            "reciprocal rank.",
+        ),
+    ] = RecallChoice.bm25,
 ) -> None:
     """Recall from the bundled corpus of Python docstrings, rerank, and show what moved.
 
-    Runs with no server and no network: BM25 recall over ~1,500 standard-library docstrings,
-    then the local cross-encoder (with the \\[local] extra) or the lexical fallback, or the
-    service at --endpoint.
+    Runs with no server and no network: recall over ~1,500 standard-library docstrings (BM25,
+    dense or hybrid), then the service at --endpoint, or in process a cross-encoder on disk,
+    the packaged embedding model (the \\[local] extra) or the lexical fallback.
     """
     if not query.strip():
         fail(EXIT_USAGE, "the query must not be empty")
     check_text(query, "the query")
     from ..corpus import load_corpus
     from ..pipeline import Pipeline
-    from ..recall import BM25Recall
+    from .recall import make_recall
 
     documents = load_corpus() if corpus is None else read_candidates(str(corpus), "--corpus")
     if not documents:
@@ -132,8 +149,9 @@ def demo(
     with session(options) as (chosen, tracing):
         # Fallback, as the library's default: a failing reranker shows recall order, marked.
         stage = tracing.stage(chosen, top_k, on_error="fallback")
+        recaller = make_recall(recall, documents, chosen)
         pipeline = Pipeline(
-            BM25Recall(documents), stage, recall_k=recall_k, tracer_provider=tracing.provider
+            recaller.recaller, stage, recall_k=recall_k, tracer_provider=tracing.provider
         )
         try:
             result = pipeline.run(query)
@@ -142,7 +160,10 @@ def demo(
         console.print(Text("query: ", style="bold") + Text(query))
         console.print(
             Text("recall: ", style="bold")
-            + Text(f"BM25 over {len(documents):,} {where}: {len(result.recalled)} candidates")
+            + Text(
+                f"{recaller.label} over {len(documents):,} {where}: "
+                f"{len(result.recalled)} candidates"
+            )
         )
         say_reranker(console, chosen)
         failures = 0
@@ -154,7 +175,10 @@ def demo(
         else:
             console.print(
                 changes_table(
-                    result.changes, score_label="score", recall_label="bm25", width=console.width
+                    result.changes,
+                    score_label="score",
+                    recall_label=recaller.score_label,
+                    width=console.width,
                 )
             )
         if repeat > 1:
@@ -356,6 +380,21 @@ def eval_(
             show_default=False,
         ),
     ] = None,
+    recall: Annotated[
+        RecallChoice | None,
+        typer.Option(
+            "--recall",
+            help="Find each query's candidates now, over the corpus (--docs or the bundled "
+            "one), instead of reading --candidates: bm25, dense (the embedding model; "
+            "document embeddings cached on disk) or hybrid (both, reciprocal rank fusion). "
+            "Default: --candidates, or for the bundled example its BM25 run.",
+            show_default=False,
+        ),
+    ] = None,
+    recall_k: Annotated[
+        int,
+        typer.Option("--recall-k", min=1, help="Candidates per query with --recall."),
+    ] = 50,
     recall_at: Annotated[int, typer.Option("--recall-at", min=1, help="The k of Recall@k.")] = 5,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the report as one JSON object.")
@@ -377,8 +416,12 @@ def eval_(
     --queries/--qrels/--candidates it runs the bundled example: 24 questions about the
     standard library with BM25's top 50 as candidates.
     """
-    inputs = _eval_inputs(queries, qrels, candidates, docs)
+    inputs = _eval_inputs(queries, qrels, candidates, docs, recall)
     with session(options) as (chosen, tracing):
+        if inputs.recall is not None:
+            inputs = _recalled(inputs, inputs.recall, chosen, recall_k)
+        elif chosen.embedder is not None and inputs.corpus:
+            _embed_corpus(inputs.corpus, chosen)
         report = _run_eval(
             chosen,
             tracing,
@@ -392,7 +435,10 @@ def eval_(
             body["reranker"] = {
                 "label": chosen.label,
                 "provider": getattr(chosen.reranker, "provider", None),
+                "model": getattr(chosen.reranker, "model_name", None),
+                "why": chosen.why,  # why auto passed over the better choices, or null
             }
+            body["recall"] = inputs.recall_label
             sys.stdout.write(json.dumps(body, ensure_ascii=False, indent=2) + "\n")
             sys.stdout.flush()
             if chosen.hint:  # the label it speaks of is in the JSON, not on the screen
@@ -410,24 +456,34 @@ class _EvalInputs:
     pools: dict[str, list[Candidate]]
     judged: list[str]
     source: str
+    corpus: list[Candidate]
+    recall: RecallChoice | None
+    recall_label: str
 
 
 def _eval_inputs(
-    queries: Path | None, qrels: Path | None, candidates: Path | None, docs: Path | None
+    queries: Path | None,
+    qrels: Path | None,
+    candidates: Path | None,
+    docs: Path | None,
+    recall: RecallChoice | None,
 ) -> _EvalInputs:
     """The eval files (default: the bundled example), read and checked; exit 2 naming the
-    file and line of the first problem."""
+    file and line of the first problem. Without --candidates, recall finds them later."""
     from ..corpus import EXAMPLE_CANDIDATES, EXAMPLE_QRELS, EXAMPLE_QUERIES, data_path, load_corpus
     from ..evaluation import EvalInputError, read_qrels, read_queries
     from ..evaluation import read_candidates as read_pools
 
-    given = [queries, qrels, candidates]
-    if any(given) and not all(given):
+    if (queries is None) != (qrels is None) or (candidates is not None and queries is None):
         fail(
             EXIT_USAGE,
-            "give --queries, --qrels and --candidates together, or none of them to run the "
-            "bundled example",
+            "give --queries and --qrels together (and --candidates, or --recall to find "
+            "them), or none of them to run the bundled example",
         )
+    if candidates is not None and recall is not None:
+        fail(EXIT_USAGE, "--candidates and --recall exclude each other: recall finds them")
+    if queries is not None and candidates is None and recall is None:
+        recall = RecallChoice.bm25
     queries_path = data_path(EXAMPLE_QUERIES) if queries is None else queries
     qrels_path = data_path(EXAMPLE_QRELS) if qrels is None else qrels
     candidates_path = data_path(EXAMPLE_CANDIDATES) if candidates is None else candidates
@@ -435,14 +491,42 @@ def _eval_inputs(
         corpus = load_corpus() if docs is None else read_candidates(str(docs), "--docs")
         texts = read_queries(queries_path)
         judgements = read_qrels(qrels_path)
-        pools = read_pools(candidates_path, {d.id: d for d in corpus})
+        pools = {} if recall else read_pools(candidates_path, {d.id: d for d in corpus})
     except EvalInputError as exc:
         fail(EXIT_USAGE, str(exc))
     judged = [q for q in texts if any(g > 0 for g in judgements.get(q, {}).values())]
     if not judged:
         fail(EXIT_USAGE, f"no query in {queries_path} has a relevant document in {qrels_path}")
     source = "the bundled example (stdlib docstrings)" if queries is None else str(queries_path)
-    return _EvalInputs(texts, judgements, pools, judged, source)
+    label = (
+        "the bundled BM25 run (top 50)"
+        if queries is None and recall is None
+        else str(candidates_path)
+        if recall is None
+        else recall.value
+    )
+    return _EvalInputs(texts, judgements, pools, judged, source, corpus, recall, label)
+
+
+def _embed_corpus(corpus: list[Candidate], chosen: Chosen) -> None:
+    """Fill the embedding reranker's cache with the corpus's document embeddings, from disk
+    after the first run, so each query's rerank costs one query embedding."""
+    from ..dense import DenseRecall
+    from .recall import index_corpus
+
+    index_corpus(DenseRecall(corpus, embedder=chosen.embedder))
+
+
+def _recalled(inputs: _EvalInputs, choice: RecallChoice, chosen: Chosen, depth: int) -> _EvalInputs:
+    """`inputs` with each judged query's candidates found now by `choice` over the corpus."""
+    from .recall import make_recall
+
+    if not inputs.corpus:
+        fail(EXIT_USAGE, "--docs: no documents to recall from")
+    made = make_recall(choice, inputs.corpus, chosen)
+    pools = {qid: made.recaller.recall(inputs.texts[qid], depth) for qid in inputs.judged}
+    label = f"{made.label}, top {depth}"
+    return dataclasses.replace(inputs, pools=pools, recall_label=label)
 
 
 def _run_eval(
@@ -499,6 +583,7 @@ def _print_report(report: Any, chosen: Chosen, inputs: _EvalInputs) -> None:
     console.print(
         Text("queries: ", style="bold") + Text(f"{report.queries} judged, from {inputs.source}")
     )
+    console.print(Text("recall: ", style="bold") + Text(inputs.recall_label))
     say_reranker(console, chosen)
     console.print(metrics_table(report))
     console.print(

@@ -28,6 +28,7 @@ __all__ = [
     "Command",
     "Group",
     "OutputFormat",
+    "RecallChoice",
     "RerankOptions",
     "RerankerChoice",
     "with_rerank_options",
@@ -37,16 +38,30 @@ __all__ = [
 SERVICE_NAME = "retrieval-stage"
 """The command's OpenTelemetry service name, and its Phoenix project unless --project says."""
 
-DEFAULT_TELEMETRY_TIMEOUT_S = 1.0
-"""How long a command may wait at exit for spans and metrics to leave (--telemetry-timeout)."""
+DEFAULT_TELEMETRY_TIMEOUT_S = 0.5
+"""How long a command may wait at exit for spans and metrics to leave (--telemetry-timeout).
+
+A collector that answers delivers a command's few spans in milliseconds, even across a network;
+the wait matters only when it is down or stuck, where every command pays all of it (plus ~0.1 s
+of importing the exporters): 0.5 s keeps that cost under ~1 s. Slow links can raise it."""
 
 
 class RerankerChoice(str, enum.Enum):
-    """Which reranker runs when no --endpoint is given."""
+    """Which reranker runs: the endpoint's, or one in this process."""
 
     auto = "auto"
+    endpoint = "endpoint"
     local = "local"
+    embedding = "embedding"
     lexical = "lexical"
+
+
+class RecallChoice(str, enum.Enum):
+    """How `demo` and `eval` find candidates: words, embeddings, or both fused."""
+
+    bm25 = "bm25"
+    dense = "dense"
+    hybrid = "hybrid"
 
 
 class OutputFormat(str, enum.Enum):
@@ -113,9 +128,10 @@ _SHARED: dict[str, Any] = {
         typer.Option(
             "--model",
             envvar="RERANK_MODEL",
-            help="With --endpoint: the model name sent to the service. Without: the local "
-            "cross-encoder, a Hugging Face id or a model directory "
-            "(default cross-encoder/ms-marco-MiniLM-L-6-v2).",
+            help="With --endpoint: the model name sent to the service. Without: the "
+            "in-process model, a Hugging Face id, an installed model package or a model "
+            "directory (default: cross-encoder/ms-marco-MiniLM-L-6-v2 for --reranker local, "
+            "sentence-transformers/all-MiniLM-L6-v2 for embedding).",
             show_default=False,
         ),
     ],
@@ -162,9 +178,12 @@ _SHARED: dict[str, Any] = {
         RerankerChoice,
         typer.Option(
             "--reranker",
-            help="Without --endpoint: 'local' runs the cross-encoder (needs the \\[local] "
-            "extra), 'lexical' a bag-of-words fallback, 'auto' the cross-encoder when it can "
-            "load, else lexical.",
+            help="'endpoint': the service at --endpoint; 'local': a cross-encoder in process "
+            "(--model; needs the \\[local] extra); 'embedding': cosine of embeddings from "
+            "--model (default: the packaged all-MiniLM-L6-v2, offline); 'lexical': a "
+            "bag-of-words fallback, not a model; 'auto': the endpoint when given, else a "
+            "cross-encoder that loads (offline: one already on disk), else the embedding "
+            "model, else lexical.",
         ),
     ],
     "trace_file": Annotated[

