@@ -293,3 +293,31 @@ async def test_one_failed_async_sub_batch_cancels_the_others_and_fails_the_call(
             await client.rerank("q", texts)
     assert server.cancelled == 3
     assert server.now == 0
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+async def test_the_stages_rerank_request_names_the_exported_reranker_span(
+    wm: WireMock, spans: Spans, flavour: str
+) -> None:
+    """The server's spans join the caller's trace under the RERANKER span the stage exported:
+    the header's trace id is the span's trace id and its parent id is the span's own id."""
+    from retrieval_stage import Candidate, RerankStage
+
+    provider, exporter = spans
+    candidates = [Candidate("a", "rust is a language", 0.2), Candidate("b", "bananas", 0.9)]
+    if flavour == "sync":
+        with RerankClient(wm.url + "/tei") as client:
+            RerankStage(client, tracer_provider=provider).run("what is rust", candidates)
+    else:
+        async with AsyncRerankClient(wm.url + "/tei") as aclient:
+            await RerankStage(aclient, tracer_provider=provider).arun("what is rust", candidates)
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes is not None
+    assert span.attributes["openinference.span.kind"] == "RERANKER"
+    (request,) = wm.requests("/tei/rerank")
+    headers = {k.lower(): v for k, v in request["headers"].items()}
+    version, trace_id, parent_id, flags = headers["traceparent"].split("-")
+    assert version == "00"
+    assert int(trace_id, 16) == span.context.trace_id
+    assert int(parent_id, 16) == span.context.span_id
+    assert int(flags, 16) & 0x01, "sampled"
