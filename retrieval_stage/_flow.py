@@ -28,7 +28,13 @@ from . import validate
 from ._args import check_sendable, masked_url, snapshot
 from ._log import get_logger
 from ._sanitize import scrub, server_text
-from .errors import RerankError, RerankProtocolError, RerankStatusError, RerankTransportError
+from .errors import (
+    RerankError,
+    RerankProtocolError,
+    RerankStatusError,
+    RerankTransportError,
+    TransportKind,
+)
 from .models import Usage
 from .providers import (
     ParsedBatch,
@@ -392,7 +398,8 @@ class Call:
         """The call ran out of time; says which setting bounds it."""
         return RerankTransportError(
             f"no answer within the {self.core.timeout:g} s deadline "
-            f"(timeout={self.core.timeout}) after {self.requests} request(s)"
+            f"(timeout={self.core.timeout}) after {self.requests} request(s)",
+            kind="deadline",
         )
 
     def spent(self, exc: RerankError) -> RerankError:
@@ -409,10 +416,14 @@ class Call:
         core = self.core
         detail = core._redact(str(exc)) or "no detail"
         what = f"{type(exc).__name__}: {detail}"
+        kind: TransportKind = "other"
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
             what = f"could not connect to {masked_url(core.base_url)} ({what})"
+            kind = "connect"
+        elif isinstance(exc, httpx.TimeoutException):
+            kind = "timeout"
         return _Attempt(
-            error=RerankTransportError(what),
+            error=RerankTransportError(what, kind=kind, cause=type(exc).__name__),
             retryable=is_retryable_error(exc),
             cause=type(exc).__name__,
         )

@@ -9,6 +9,8 @@ request headers, and server text has the key replaced before it is quoted.
 
 from __future__ import annotations
 
+from typing import Literal
+
 __all__ = [
     "RerankClientClosedError",
     "RerankError",
@@ -30,8 +32,24 @@ class RerankError(Exception):
     batches: int = 0
 
 
+TransportKind = Literal["connect", "timeout", "deadline", "other"]
+
+
 class RerankTransportError(RerankError):
-    """The request did not complete: connect error, timeout, reset, or the deadline ran out."""
+    """The request did not complete: connect error, timeout, reset, or the deadline ran out.
+
+    `kind` says which, for callers that word a message or a hint from it: ``"connect"`` (no
+    connection could be made: is the service up?), ``"timeout"`` (a read or write timed out),
+    ``"deadline"`` (the call's whole `timeout` ran out) or ``"other"`` (a reset, a broken
+    response...). `cause` names the underlying httpx error type, where there was one.
+    """
+
+    def __init__(
+        self, message: str, *, kind: TransportKind = "other", cause: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.kind: TransportKind = kind
+        self.cause = cause
 
 
 class RerankStatusError(RerankError):

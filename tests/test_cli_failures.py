@@ -105,14 +105,6 @@ def test_no_answer_names_the_deadline_and_the_option(wm: WireMock) -> None:
 # -- the words, keyed on the error's type and attributes ------------------------------------
 
 
-def never_listening(url: str) -> bool:
-    return False
-
-
-def always_listening(url: str) -> bool:
-    return True
-
-
 def test_status_error_quotes_the_servers_message_and_hints_only_for_likely_causes() -> None:
     failure = describe(RerankStatusError(500, "model crashed"), base_url=URL)
     assert failure.message == f"{URL} answered HTTP 500: model crashed"
@@ -132,40 +124,22 @@ def test_protocol_error_names_the_provider() -> None:
     assert "not a cohere response" in cohere.message
 
 
-def test_transport_kind_reads_attributes_and_causes_not_messages() -> None:
-    import httpx
-
-    def kind(exc: RerankTransportError, **kwargs: object) -> str:
-        options: dict[str, object] = {"timeout": 30.0, "elapsed": 0.1, "base_url": URL}
-        options["probe"] = always_listening
-        options.update(kwargs)
-        return transport_kind(exc, **options)  # type: ignore[arg-type]
-
-    flagged = RerankTransportError("could not connect (misleading text)")
-    flagged.timed_out = True  # type: ignore[attr-defined]
-    assert kind(flagged) == "timeout"
-    chained = RerankTransportError("timed out")
-    chained.__cause__ = httpx.ConnectError("refused")
-    assert kind(chained) == "connect"
-    named = RerankTransportError("whatever")
-    named.cause = "ReadTimeout"  # type: ignore[attr-defined]
-    assert kind(named) == "timeout"
-    assert kind(RerankTransportError("connection refused"), elapsed=29.9) == "timeout"
-    assert kind(RerankTransportError("timed out")) == "other"
-    assert kind(RerankTransportError("x"), probe=never_listening) == "connect"
+def test_transport_kind_reads_the_errors_kind_not_its_message() -> None:
+    assert transport_kind(RerankTransportError("timed out", kind="connect")) == "connect"
+    assert transport_kind(RerankTransportError("could not connect", kind="timeout")) == "timeout"
+    assert transport_kind(RerankTransportError("x", kind="deadline")) == "timeout"
+    assert transport_kind(RerankTransportError("connection refused")) == "other"
 
 
 def test_the_up_hint_only_for_a_connection_never_made() -> None:
-    connect = describe(RerankTransportError("x"), base_url=URL, probe=never_listening)
+    connect = describe(RerankTransportError("x", kind="connect"), base_url=URL)
     assert connect.message == f"could not connect to {URL}"
     assert connect.hint is not None
     assert connect.hint.startswith("is the service up?")
-    timeout = describe(
-        RerankTransportError("x"), base_url=URL, timeout=30, elapsed=30.0, probe=never_listening
-    )
+    timeout = describe(RerankTransportError("x", kind="deadline"), base_url=URL, timeout=30)
     assert timeout.message == f"{URL}: no answer within the 30 s deadline (--timeout)"
     assert timeout.hint is None
-    reset = describe(RerankTransportError("reset"), base_url=URL, probe=always_listening)
+    reset = describe(RerankTransportError("reset"), base_url=URL)
     assert reset.message == f"the connection to {URL} failed: reset"
     assert reset.hint is None
 

@@ -129,8 +129,12 @@ def rerank_once(flavour: str, url: str, **kw: object) -> None:
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_a_refused_connection_names_the_url(flavour: str) -> None:
     url = f"http://127.0.0.1:{closed_port()}"
-    with pytest.raises(RerankTransportError, match=f"could not connect to {url} \\(ConnectError"):
+    with pytest.raises(
+        RerankTransportError, match=f"could not connect to {url} \\(ConnectError"
+    ) as caught:
         rerank_once(flavour, url, max_retries=0)
+    assert caught.value.kind == "connect"
+    assert caught.value.cause == "ConnectError"
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
@@ -142,6 +146,7 @@ def test_a_server_that_never_answers_names_the_deadline_and_the_setting(
     with pytest.raises(RerankTransportError, match=says) as caught:
         rerank_once(flavour, wm.url + "/tei/slow", timeout=0.5)
     assert caught.value.requests == 1
+    assert caught.value.kind == "deadline"
 
 
 def test_tei_model_comes_from_info_when_none_was_given(wm: WireMock) -> None:

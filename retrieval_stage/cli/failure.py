@@ -9,18 +9,15 @@ only one where it is the likely cause.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from ..errors import RerankError, RerankProtocolError, RerankStatusError, RerankTransportError
 from .console import COMPOSE_UP, scrubbed, shown_url
 
 __all__ = [
-    "DEADLINE_SHARE",
     "MAX_BACKOFF_S",
     "Failure",
     "Witness",
@@ -29,19 +26,15 @@ __all__ = [
     "transport_kind",
 ]
 
-DEADLINE_SHARE = 0.95
-"""A transport failure after this share of --timeout is the deadline running out."""
-
 MAX_BACKOFF_S = 30.0
 """The longest `demo --repeat` waits after consecutive failures."""
 
 MIN_BACKOFF_S = 0.1
 """The first wait after a failure when --interval is 0: a failing service is not hammered."""
 
-CONNECT_PROBE_S = 0.5
-"""How long the check 'does anything listen there?' may take (only after a transport error)."""
-
 TransportKind = Literal["timeout", "connect", "other"]
+"""How the CLI words a transport failure (the error's own ``kind`` folds deadline into
+timeout)."""
 
 
 @dataclass(frozen=True)
@@ -94,52 +87,15 @@ class Witness:
         return repr(self.inner)
 
 
-def transport_kind(
-    exc: RerankTransportError,
-    *,
-    timeout: float | None,
-    elapsed: float | None,
-    base_url: str | None,
-    probe: Callable[[str], bool] | None = None,
-) -> TransportKind:
-    """Whether a transport error was the deadline, a connection never made, or something else.
-
-    In order: a ``timed_out`` attribute (bool); the httpx error as ``__cause__`` or a ``cause``
-    attribute (an exception, or its type's name); the call having taken the whole --timeout;
-    and last a quick TCP connect to the endpoint (`probe`): nothing listening there means the
-    connection could not be made.
-    """
-    timed_out = getattr(exc, "timed_out", None)
-    if isinstance(timed_out, bool) and timed_out:
+def transport_kind(exc: RerankTransportError) -> TransportKind:
+    """Whether a transport error was the deadline (or a timeout), a connection never made, or
+    something else: read from the error's ``kind``, which the client sets where it translates
+    the httpx error, never guessed from the message or from how long the call took."""
+    if exc.kind in ("timeout", "deadline"):
         return "timeout"
-    cause: Any = exc.__cause__ if exc.__cause__ is not None else getattr(exc, "cause", None)
-    names = (
-        [k.__name__ for k in type(cause).__mro__]
-        if isinstance(cause, BaseException)
-        else [cause]
-        if isinstance(cause, str)
-        else []
-    )
-    if any(name in ("TimeoutException", "ReadTimeout", "TimeoutError") for name in names):
-        return "timeout"
-    if any(name in ("ConnectError", "ConnectTimeout") for name in names):
-        return "connect"
-    if timeout is not None and elapsed is not None and elapsed >= timeout * DEADLINE_SHARE:
-        return "timeout"
-    if base_url is not None and not (probe or _listening)(base_url):
+    if exc.kind == "connect":
         return "connect"
     return "other"
-
-
-def _listening(url: str) -> bool:
-    """Whether something accepts a TCP connection at `url`'s host and port."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parts.hostname or "localhost", port), CONNECT_PROBE_S):
-            return True
-    except OSError:
-        return False
 
 
 _STATUS_HINTS = {
@@ -159,7 +115,6 @@ def describe(
     provider: str | None = None,
     timeout: float | None = None,
     elapsed: float | None = None,
-    probe: Callable[[str], bool] | None = None,
 ) -> Failure:
     """`exc` for people: "answered HTTP 500: <server message>", "answered something that is not
     a TEI response: <what>", "no answer within the 30 s deadline (--timeout)", "could not
@@ -180,9 +135,10 @@ def describe(
             f"{scrubbed(str(exc), base_url)}"
         )
     if isinstance(exc, RerankTransportError):
-        kind = transport_kind(exc, timeout=timeout, elapsed=elapsed, base_url=base_url, probe=probe)
-        if kind == "timeout" and timeout is not None:
-            return Failure(f"{where}: no answer within the {timeout:g} s deadline (--timeout)")
+        kind = transport_kind(exc)
+        if kind == "timeout":
+            seconds = f" {timeout:g} s" if timeout is not None else ""
+            return Failure(f"{where}: no answer within the{seconds} deadline (--timeout)")
         if kind == "connect":
             return Failure(
                 f"could not connect to {where}",
