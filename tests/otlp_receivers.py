@@ -10,13 +10,11 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 
 @dataclass
@@ -103,19 +101,3 @@ def json_log_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
         otel.setLevel(saved[1])
         otel.propagate = saved[2]
         exporter.setLevel(saved[3])
-
-
-class LengthReranker:
-    """A user's own reranker: longer text scores higher."""
-
-    def rerank(
-        self,
-        query: str,
-        items: Sequence[T],
-        *,
-        text: Callable[[T], str] | None = None,
-        top_k: int | None = None,
-    ) -> list[tuple[T, float]]:
-        get = text or str
-        ranked = sorted(((i, float(len(get(i)))) for i in items), key=lambda p: -p[1])
-        return ranked[:top_k] if top_k else ranked

@@ -34,6 +34,8 @@ from ruamel.yaml import YAML
 
 from retrieval_stage import Candidate, RerankError, RerankStage
 
+from .fakes import ByLength, Failing
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker" / "compose.yaml"
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
@@ -92,25 +94,13 @@ def prom_names(name: str, unit: str, kind: str) -> set[str]:
 # -- what the stage really emits ----------------------------------------------------------
 
 
-class ScoreByLength:
-    """A tiny sync reranker: longer text scores higher, so the recall top-1 moves."""
-
-    provider = "fake"
-    model_name = "fake/length-v1"
-
-    def rerank(
-        self, query: str, items: list[Any], *, text: Any = None, top_k: int | None = None
-    ) -> list[tuple[Any, float]]:
-        scored = [(item, float(len(text(item) if text else item))) for item in items]
-        scored.sort(key=lambda pair: -pair[1])
-        return scored[:top_k] if top_k else scored
+# The fakes' names, as the stage copies them into spans and metric attributes.
+FAKE = {"provider": "fake", "model_name": "fake/length-v1"}
 
 
-class Broken(ScoreByLength):
-    def rerank(
-        self, query: str, items: list[Any], *, text: Any = None, top_k: int | None = None
-    ) -> list[tuple[Any, float]]:
-        raise RerankError("provider unavailable")
+def broken() -> Failing:
+    """A provider that is down: the stage falls back, or raises with on_error="raise"."""
+    return Failing(RerankError("provider unavailable"), **FAKE)
 
 
 CANDIDATES = [
@@ -138,10 +128,10 @@ def emitted() -> dict[str, Any]:
             meter_provider=meter_provider,
         )
 
-    stage(ScoreByLength(), "fallback").run("q", CANDIDATES)
-    stage(Broken(), "fallback").run("q", CANDIDATES)
+    stage(ByLength(**FAKE), "fallback").run("q", CANDIDATES)
+    stage(broken(), "fallback").run("q", CANDIDATES)
     with pytest.raises(RerankError):
-        stage(Broken(), "raise").run("q", CANDIDATES)
+        stage(broken(), "raise").run("q", CANDIDATES)
 
     spans = exporter.get_finished_spans()
     span_keys: set[str] = set()

@@ -8,8 +8,8 @@ its httpx client once, not per call; each response body is decoded once. The ben
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -30,46 +30,16 @@ from retrieval_stage import (
 )
 
 from .conftest import WireMock
-
-T = TypeVar("T")
+from .fakes import AsyncByLength, ByLength, Failing
 
 
 def fifty() -> list[Candidate]:
     return [Candidate(f"doc-{i}", f"text number {i}", 1.0 - i / 50) for i in range(50)]
 
 
-class ByLength:
+def by_length(fail: bool = False) -> ByLength | Failing:
     """A reranker scoring by text length, or failing when told to."""
-
-    def __init__(self, fail: bool = False) -> None:
-        self.fail = fail
-
-    def rerank(
-        self,
-        query: str,
-        items: Sequence[T],
-        *,
-        text: Callable[[T], str] | None = None,
-        top_k: int | None = None,
-    ) -> list[tuple[T, float]]:
-        if self.fail:
-            raise RerankTransportError("down")
-        assert text is not None
-        return sorted(((i, float(len(text(i)))) for i in items), key=lambda p: -p[1])
-
-
-class AsyncByLength:
-    """The async twin of `ByLength`."""
-
-    async def rerank(
-        self,
-        query: str,
-        items: Sequence[T],
-        *,
-        text: Callable[[T], str] | None = None,
-        top_k: int | None = None,
-    ) -> list[tuple[T, float]]:
-        return ByLength().rerank(query, items, text=text, top_k=top_k)
+    return Failing(RerankTransportError("down")) if fail else ByLength()
 
 
 @pytest.fixture
@@ -119,7 +89,7 @@ def test_non_recording_span_builds_no_document_attributes(
     on_error: Any,
     fail: bool,
 ) -> None:
-    stage = RerankStage(ByLength(fail), tracer_provider=make_provider(), on_error=on_error)
+    stage = RerankStage(by_length(fail), tracer_provider=make_provider(), on_error=on_error)
     if fail and on_error == "raise":
         with pytest.raises(RerankTransportError):
             stage.run("q", fifty())
@@ -228,7 +198,7 @@ def set_attributes_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def test_a_recording_span_gets_its_end_attributes_in_one_call(
     set_attributes_calls: list[int], recording: TracerProvider, fail: bool
 ) -> None:
-    RerankStage(ByLength(fail), tracer_provider=recording).run("q", fifty())
+    RerankStage(by_length(fail), tracer_provider=recording).run("q", fifty())
     (size,) = set_attributes_calls
     assert size > 50  # the outcome and the documents together
 

@@ -14,7 +14,7 @@ import math
 import threading
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -40,7 +40,6 @@ from opentelemetry.trace import (
 
 from retrieval_stage import Candidate, RerankStage, otlp_encoder
 from retrieval_stage.errors import RerankTransportError
-from retrieval_stage.models import RerankResponse
 from retrieval_stage.otlp_encoder import (
     UnsupportedValue,
     encode_spans_fast,
@@ -49,7 +48,7 @@ from retrieval_stage.otlp_encoder import (
 )
 from retrieval_stage.otlp_exporter import FAST_OTLP_ENV, FastOTLPSpanExporter
 
-T = TypeVar("T")
+from .fakes import Failing, Reverse
 
 # -- helpers ----------------------------------------------------------------------------------
 
@@ -199,30 +198,13 @@ def test_generated_spans_encode_byte_identical_to_the_sdk(
 # -- examples: our RERANKER span, a fallback span, a 64-span batch ----------------------------
 
 
-class Reverse:
-    """A fake reranker: the candidates in reverse order with descending scores."""
-
-    provider = "fake"
-    model_name = "fake-reranker"
-
-    def rerank_response(
-        self, query: str, items: Sequence[T], *, text: Any = None, top_k: int | None = None
-    ) -> RerankResponse[T]:
-        chosen = list(reversed(items))[: top_k or None]
-        return RerankResponse(
-            results=[(item, 1.0 - i / 100) for i, item in enumerate(chosen)], requests=1, batches=1
-        )
-
-    def rerank(self, query: str, items: Sequence[T], **kwargs: Any) -> list[tuple[T, float]]:
-        return self.rerank_response(query, items, **kwargs).results
+# The fakes' names, as the stage copies them into the spans encoded here.
+FAKE = {"provider": "fake", "model_name": "fake-reranker"}
 
 
-class Down:
-    provider = "fake"
-    model_name = "fake-reranker"
-
-    def rerank(self, query: str, items: Sequence[T], **_: Any) -> list[tuple[T, float]]:
-        raise RerankTransportError("connection refused")
+def down() -> Failing:
+    """A provider that is down: every call falls back."""
+    return Failing(RerankTransportError("connection refused"), **FAKE)
 
 
 def documents(n: int) -> list[Candidate]:
@@ -245,7 +227,7 @@ def service_provider(
 
 def test_fifty_document_reranker_span_is_byte_identical() -> None:
     provider, exporter = service_provider()
-    RerankStage(Reverse(), tracer_provider=provider).run("what moved?", documents(50))
+    RerankStage(Reverse(**FAKE), tracer_provider=provider).run("what moved?", documents(50))
     spans = exporter.get_finished_spans()
     (span,) = spans
     assert span.attributes is not None
@@ -263,7 +245,7 @@ def test_fifty_document_reranker_span_is_byte_identical() -> None:
 
 def test_fallback_span_with_exception_event_is_byte_identical() -> None:
     provider, exporter = service_provider()
-    out = RerankStage(Down(), tracer_provider=provider).run("q", documents(5))
+    out = RerankStage(down(), tracer_provider=provider).run("q", documents(5))
     assert [r.candidate.id for r in out] == [f"doc-{i}" for i in range(5)]
     spans = exporter.get_finished_spans()
     (span,) = spans
@@ -418,9 +400,9 @@ def close(*exporters: Any) -> None:
 
 def reranker_spans() -> Sequence[ReadableSpan]:
     provider, exporter = service_provider()
-    stage = RerankStage(Reverse(), tracer_provider=provider)
+    stage = RerankStage(Reverse(**FAKE), tracer_provider=provider)
     stage.run("q", documents(50))
-    RerankStage(Down(), tracer_provider=provider).run("q", documents(3))
+    RerankStage(down(), tracer_provider=provider).run("q", documents(3))
     return exporter.get_finished_spans()
 
 
@@ -576,7 +558,7 @@ def test_configure_tracing_with_the_fast_exporter_delivers_the_reranker_span(
     from retrieval_stage.telemetry import configure_tracing
 
     provider = configure_tracing(exporter=FastOTLPSpanExporter(endpoint=receiver.url))
-    RerankStage(Reverse(), tracer_provider=provider).run("q", documents(50))
+    RerankStage(Reverse(**FAKE), tracer_provider=provider).run("q", documents(50))
     provider.shutdown()
     (body,) = receiver.bodies
     request = ExportTraceServiceRequest.FromString(body)

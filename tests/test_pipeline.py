@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import pytest
@@ -20,48 +20,20 @@ from retrieval_stage.pipeline import Pipeline, PipelineResult, compare_ranks
 from retrieval_stage.recall import BM25Recall
 from retrieval_stage.stage import Reranked
 
+from .fakes import ByLength, Failing, FixedRecall
+
 T = TypeVar("T")
 Spans = tuple[TracerProvider, InMemorySpanExporter]
 
 
-class FixedRecall:
-    """A recall that always answers the same candidates, best first."""
-
-    name = "fixed"
-
-    def __init__(self, candidates: list[Candidate]) -> None:
-        self.candidates = candidates
-        self.asked: list[tuple[str, int]] = []
-
-    def recall(self, query: str, k: int) -> list[Candidate]:
-        self.asked.append((query, k))
-        return self.candidates[:k]
+def length_reranker() -> ByLength:
+    """Scores by text length; the provider and model name are the ones the span checks name."""
+    return ByLength(provider="test", model_name="length")
 
 
-class LengthReranker:
-    """Scores a text by its length: a reranker whose answer a test can compute by hand."""
-
-    provider = "test"
-    model_name = "length"
-
-    def rerank(
-        self,
-        query: str,
-        items: Sequence[T],
-        *,
-        text: Callable[[T], str] | None = None,
-        top_k: int | None = None,
-    ) -> list[tuple[T, float]]:
-        assert text is not None
-        scored = sorted(((i, float(len(text(i)))) for i in items), key=lambda p: -p[1])
-        return scored[:top_k] if top_k else scored
-
-
-class FailingReranker:
-    provider = "test"
-
-    def rerank(self, query: str, items: Sequence[T], **_: Any) -> list[tuple[T, float]]:
-        raise RerankTransportError("connection refused")
+def failing_reranker() -> Failing:
+    """A provider that is down: every call raises `RerankTransportError`."""
+    return Failing(RerankTransportError("connection refused"), provider="test")
 
 
 def three() -> list[Candidate]:
@@ -81,7 +53,7 @@ def by_name(exporter: InMemorySpanExporter) -> dict[str, ReadableSpan]:
 
 def run_three(spans: Spans, **stage_kwargs: Any) -> tuple[PipelineResult, dict[str, ReadableSpan]]:
     provider, exporter = spans
-    stage = RerankStage(LengthReranker(), tracer_provider=provider, **stage_kwargs)
+    stage = RerankStage(length_reranker(), tracer_provider=provider, **stage_kwargs)
     pipeline = Pipeline(FixedRecall(three()), stage, recall_k=3, tracer_provider=provider)
     result = pipeline.run("which is longest?")
     return result, by_name(exporter)
@@ -158,7 +130,7 @@ def test_reranker_span_is_the_stages_with_its_documents(spans: Spans) -> None:
 def test_retriever_documents_stop_at_the_attribute_limit_head_first(spans: Spans) -> None:
     provider, exporter = spans  # the SDK's default limit: 128 attributes
     many = [Candidate(f"d{i}", f"text {i}", float(100 - i), {"n": i}) for i in range(50)]
-    stage = RerankStage(LengthReranker(), tracer_provider=provider)
+    stage = RerankStage(length_reranker(), tracer_provider=provider)
     Pipeline(FixedRecall(many), stage, recall_k=50, tracer_provider=provider).run("q")
     attributes = dict(by_name(exporter)["recall"].attributes or {})
     assert attributes["openinference.span.kind"] == "RETRIEVER"
@@ -177,7 +149,7 @@ def test_chain_and_retriever_cap_values_at_the_stages_content_length(spans: Span
         Candidate(long_id, "text " * 100, 2.0, {"blob": "x" * 500, 3: float("nan")}),
         Candidate("short", "tiny", 1.0),
     ]
-    stage = RerankStage(LengthReranker(), tracer_provider=provider, max_content_length=64)
+    stage = RerankStage(length_reranker(), tracer_provider=provider, max_content_length=64)
     Pipeline(FixedRecall(recalled), stage, tracer_provider=provider).run("q" * 300)
     named = by_name(exporter)
     chain = dict(named["pipeline"].attributes or {})
@@ -201,7 +173,7 @@ def test_chain_and_retriever_cap_values_at_the_stages_content_length(spans: Span
 def test_metadata_on_the_retriever_span_is_json_whatever_it_holds(spans: Spans) -> None:
     provider, exporter = spans
     odd = Candidate("a", "x", 1.0, {"nan": float("nan"), 7: "seven"})
-    stage = RerankStage(LengthReranker(), tracer_provider=provider)
+    stage = RerankStage(length_reranker(), tracer_provider=provider)
     Pipeline(FixedRecall([odd]), stage, tracer_provider=provider).run("q")
     raw = str(
         dict(by_name(exporter)["recall"].attributes or {})[
@@ -218,7 +190,7 @@ def test_metadata_on_the_retriever_span_is_json_whatever_it_holds(spans: Spans) 
 def test_hidden_inputs_and_outputs_are_redacted_on_chain_and_retriever(spans: Spans) -> None:
     provider, exporter = spans
     config = TraceConfig(hide_inputs=True, hide_outputs=True)
-    stage = RerankStage(LengthReranker(), tracer_provider=provider, trace_config=config)
+    stage = RerankStage(length_reranker(), tracer_provider=provider, trace_config=config)
     Pipeline(FixedRecall(three()), stage, tracer_provider=provider).run("secret query")
     named = by_name(exporter)
     for name in ("pipeline", "recall"):
@@ -239,7 +211,7 @@ def test_recall_failure_fails_the_call_and_marks_both_spans(spans: Spans) -> Non
         def recall(self, query: str, k: int) -> list[Candidate]:
             raise RuntimeError("index offline")
 
-    stage = RerankStage(LengthReranker(), tracer_provider=provider)
+    stage = RerankStage(length_reranker(), tracer_provider=provider)
     with pytest.raises(RuntimeError, match="index offline"):
         Pipeline(Broken(), stage, tracer_provider=provider).run("q")
     finished = {s.name: s for s in exporter.get_finished_spans()}
@@ -279,7 +251,7 @@ def assert_chain_says_it_fell_back(chain: ReadableSpan) -> None:
 
 def test_reranker_failure_falls_back_to_recall_order_inside_the_trace(spans: Spans) -> None:
     provider, exporter = spans
-    stage = RerankStage(FailingReranker(), tracer_provider=provider)
+    stage = RerankStage(failing_reranker(), tracer_provider=provider)
     result = Pipeline(scrambled_recall(), stage, tracer_provider=provider).run("q")
     assert result.fell_back
     assert [r.candidate.id for r in result.results] == ["c", "a", "b"]
@@ -293,7 +265,7 @@ def test_reranker_failure_falls_back_to_recall_order_inside_the_trace(spans: Spa
 
 async def test_async_reranker_failure_marks_the_chain_span_too(spans: Spans) -> None:
     provider, exporter = spans
-    stage = RerankStage(FailingReranker(), tracer_provider=provider)
+    stage = RerankStage(failing_reranker(), tracer_provider=provider)
     result = await Pipeline(scrambled_recall(), stage, tracer_provider=provider).arun("q")
     assert [r.candidate.id for r in result.results] == ["c", "a", "b"]
     assert_chain_says_it_fell_back(by_name(exporter)["pipeline"])
@@ -301,7 +273,7 @@ async def test_async_reranker_failure_marks_the_chain_span_too(spans: Spans) -> 
 
 async def test_arun_writes_the_same_trace_shape(spans: Spans) -> None:
     provider, exporter = spans
-    stage = RerankStage(LengthReranker(), tracer_provider=provider)
+    stage = RerankStage(length_reranker(), tracer_provider=provider)
     result = await Pipeline(FixedRecall(three()), stage, tracer_provider=provider).arun("q")
     named = by_name(exporter)
     chain = named["pipeline"]
@@ -359,7 +331,7 @@ async def test_cancelled_arun_during_recall_marks_retriever_and_chain(spans: Spa
             release.wait(10)
             return super().recall(query, k)
 
-    stage = RerankStage(LengthReranker(), tracer_provider=provider)
+    stage = RerankStage(length_reranker(), tracer_provider=provider)
     pipeline = Pipeline(SlowRecall(three()), stage, tracer_provider=provider)
     task = asyncio.ensure_future(pipeline.arun("q"))
     try:
@@ -385,7 +357,7 @@ def test_recall_is_asked_for_recall_k_and_extra_results_are_cut(spans: Spans) ->
             return self.candidates  # ignores k
 
     recall = Generous(three())
-    stage = RerankStage(LengthReranker(), tracer_provider=provider)
+    stage = RerankStage(length_reranker(), tracer_provider=provider)
     result = Pipeline(recall, stage, recall_k=2, tracer_provider=provider).run("q")
     assert recall.asked == [("q", 2)]
     assert [c.id for c in result.recalled] == ["a", "b"]
@@ -398,13 +370,13 @@ def test_recall_returning_something_else_than_candidates_is_a_type_error(spans: 
         def recall(self, query: str, k: int) -> list[Any]:
             return [{"id": "a", "text": "x"}]
 
-    stage = RerankStage(LengthReranker(), tracer_provider=provider)
+    stage = RerankStage(length_reranker(), tracer_provider=provider)
     with pytest.raises(TypeError, match=r"Wrong\.recall\(\) returned a dict at position 0"):
         Pipeline(Wrong(), stage, tracer_provider=provider).run("q")
 
 
 def test_pipeline_rejects_bad_arguments() -> None:
-    stage = RerankStage(LengthReranker())
+    stage = RerankStage(length_reranker())
     with pytest.raises(TypeError, match="recall\\(\\) method"):
         Pipeline(object(), stage)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="recall_k"):

@@ -6,9 +6,8 @@ assignments in `_conformance` are its subject), and at run time with ``isinstanc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -26,43 +25,10 @@ from retrieval_stage import (
 )
 from retrieval_stage.null import AsyncNullReranker
 
-T = TypeVar("T")
+from .fakes import ByLength, Failing, FixedScores
+
 HERE = Path(__file__)
 ROOT = HERE.parent.parent
-
-
-class LengthReranker:
-    """A user's own reranker: longer text scores higher. No base class."""
-
-    def rerank(
-        self,
-        query: str,
-        items: Sequence[T],
-        *,
-        text: Callable[[T], str] | None = None,
-        top_k: int | None = None,
-    ) -> list[tuple[T, float]]:
-        get = text or str
-        ranked = sorted(((i, float(len(get(i)))) for i in items), key=lambda p: -p[1])
-        return ranked[:top_k] if top_k else ranked
-
-
-class FixedScores:
-    """Returns the given score for each candidate, by id, best first."""
-
-    def __init__(self, scores: dict[str, float]) -> None:
-        self.scores = scores
-
-    def rerank(
-        self,
-        query: str,
-        items: Sequence[Candidate],
-        *,
-        text: Callable[[Candidate], str] | None = None,
-        top_k: int | None = None,
-    ) -> list[tuple[Candidate, float]]:
-        ranked = sorted(((c, self.scores[c.id]) for c in items), key=lambda p: -p[1])
-        return ranked[:top_k] if top_k else ranked
 
 
 def _conformance() -> None:
@@ -70,7 +36,7 @@ def _conformance() -> None:
     sync: list[Reranker] = [
         RerankClient("http://localhost"),
         NullReranker(),
-        LengthReranker(),
+        ByLength(),
     ]
     async_: list[AsyncReranker] = [AsyncRerankClient("http://localhost"), AsyncNullReranker()]
     RerankStage(sync[0])
@@ -125,14 +91,14 @@ async def test_every_reranker_is_an_instance_of_its_protocol_at_run_time() -> No
         assert isinstance(async_client, AsyncReranker)
     assert isinstance(NullReranker(), Reranker)
     assert isinstance(AsyncNullReranker(), AsyncReranker)
-    assert isinstance(LengthReranker(), Reranker)
+    assert isinstance(ByLength(), Reranker)
     assert not isinstance(object(), Reranker)
     assert not isinstance("rerank", AsyncReranker)
 
 
 def test_the_stage_takes_a_users_own_reranker() -> None:
     cands = [Candidate("a", "xx"), Candidate("b", "xxxx"), Candidate("c", "x")]
-    outputs = RerankStage(LengthReranker()).run("q", cands)
+    outputs = RerankStage(ByLength()).run("q", cands)
     assert [(o.candidate.id, o.score) for o in outputs] == [("b", 4.0), ("a", 2.0), ("c", 1.0)]
 
 
@@ -246,16 +212,11 @@ def test_min_score_can_leave_no_outputs_and_the_span_says_so(spans: Any) -> None
     assert attributes["retrieval_stage.fallback"] is False
 
 
-class Failing:
-    def rerank(self, query: str, items: Sequence[Any], **kw: Any) -> list[tuple[Any, float]]:
-        raise RerankTransportError("down")
-
-
 def test_min_score_is_not_applied_to_the_recall_order_fallback() -> None:
     # Recall scores are on another scale than the model's: the gate would be meaningless.
     # The input order (c, a, b) is not the recall order (a, b, c), so recall order shows.
     scrambled = [CANDS[2], CANDS[0], CANDS[1]]
-    outputs = RerankStage(Failing(), min_score=0.45).run("q", scrambled)
+    outputs = RerankStage(Failing(RerankTransportError("down")), min_score=0.45).run("q", scrambled)
     assert [(o.candidate.id, o.score, o.reranked, o.input_index) for o in outputs] == [
         ("a", 0.5, False, 1),
         ("b", 0.4, False, 2),

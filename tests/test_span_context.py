@@ -30,6 +30,8 @@ from retrieval_stage.models import Reranked
 from retrieval_stage.pipeline import Pipeline
 from retrieval_stage.spans import OUTPUT_CONTENT_ENV, output_value
 
+from .fakes import ByLength, FixedRecall
+
 T = TypeVar("T")
 Spans = tuple[TracerProvider, InMemorySpanExporter]
 
@@ -46,12 +48,11 @@ def scrambled() -> list[Candidate]:
     return [Candidate("a", "aa", 2.0), Candidate("b", "bbbbbb", 1.0), Candidate("c", "c", 3.0)]
 
 
-class Seen:
+class Seen(ByLength):
     """A reranker scoring by text length that notes the current span while it runs."""
 
-    provider = "test"
-
     def __init__(self, fail: bool = False) -> None:
+        super().__init__(provider="test")
         self.fail = fail
         self.current: list[SpanContext] = []
 
@@ -66,8 +67,7 @@ class Seen:
         self.current.append(trace.get_current_span().get_span_context())
         if self.fail:
             raise RerankTransportError("down")
-        assert text is not None
-        return sorted(((i, float(len(text(i)))) for i in items), key=lambda p: -p[1])
+        return super().rerank(query, items, text=text, top_k=top_k)
 
 
 class AsyncSeen(Seen):
@@ -82,13 +82,6 @@ class AsyncSeen(Seen):
         return Seen.rerank(self, query, items, text=text, top_k=top_k)
 
 
-class FixedRecall:
-    name = "fixed"
-
-    def recall(self, query: str, k: int) -> list[Candidate]:
-        return scrambled()[:k]
-
-
 def only_span(exporter: InMemorySpanExporter) -> Any:
     (span,) = exporter.get_finished_spans()
     return span
@@ -100,7 +93,7 @@ def only_span(exporter: InMemorySpanExporter) -> Any:
 def test_using_attributes_land_on_reranker_chain_and_retriever_spans(spans: Spans) -> None:
     provider, exporter = spans
     stage = RerankStage(Seen(), tracer_provider=provider)
-    pipeline = Pipeline(FixedRecall(), stage, tracer_provider=provider)
+    pipeline = Pipeline(FixedRecall(scrambled()), stage, tracer_provider=provider)
     with using_attributes(
         session_id="session-7", user_id="user-3", metadata={"tenant": "acme"}, tags=["beta", "docs"]
     ):
@@ -202,7 +195,7 @@ async def test_suppressed_pipeline_makes_no_span_and_still_runs(
 ) -> None:
     provider, exporter = spans
     stage = RerankStage(Seen(), tracer_provider=provider)
-    pipeline = Pipeline(FixedRecall(), stage, tracer_provider=provider)
+    pipeline = Pipeline(FixedRecall(scrambled()), stage, tracer_provider=provider)
     with suppressed():
         result = pipeline.run("q")
         async_result = await pipeline.arun("q")

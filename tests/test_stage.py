@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -25,6 +25,7 @@ from retrieval_stage import (
 from retrieval_stage.telemetry import configure_tracing
 
 from .conftest import WireMock
+from .fakes import ByLength
 
 T = TypeVar("T")
 Spans = tuple[TracerProvider, InMemorySpanExporter]
@@ -284,25 +285,6 @@ def _indices(attributes: Any, prefix: str) -> list[int]:
     return sorted(found)
 
 
-class Recording:
-    """A user reranker that counts calls: the stage accepts any object with `rerank`."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def rerank(
-        self,
-        query: str,
-        items: Sequence[T],
-        *,
-        text: Callable[[T], str] | None = None,
-        top_k: int | None = None,
-    ) -> list[tuple[T, float]]:
-        self.calls += 1
-        assert text is not None
-        return sorted(((i, float(len(text(i)))) for i in items), key=lambda p: -p[1])
-
-
 def test_not_recording_span_builds_no_document_attributes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -311,7 +293,7 @@ def test_not_recording_span_builds_no_document_attributes(
 
     monkeypatch.setattr(stage_module, "outcome_attributes", lambda *a, **k: calls.append(a) or {})
     provider = TracerProvider(sampler=ALWAYS_OFF)
-    reranker = Recording()
+    reranker = ByLength()
     out = RerankStage(reranker, tracer_provider=provider).run("q", fifty())
     assert reranker.calls == 1
     assert len(out) == 50
@@ -378,7 +360,7 @@ async def test_arun_with_async_client_maps_out_of_order(wm: WireMock, spans: Spa
 
 async def test_arun_with_sync_reranker_runs_in_a_thread(spans: Spans) -> None:
     provider, exporter = spans
-    out = await RerankStage(Recording(), tracer_provider=provider).arun("q", two())
+    out = await RerankStage(ByLength(), tracer_provider=provider).arun("q", two())
     assert [r.candidate.id for r in out] == ["doc-b", "doc-a"]  # len("second text") > ...
     assert only_span(exporter).attributes["openinference.span.kind"] == "RERANKER"
 

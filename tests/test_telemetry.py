@@ -34,7 +34,8 @@ from retrieval_stage.telemetry import (
 )
 
 from .conftest import WireMock
-from .otlp_receivers import LengthReranker, http_receiver, json_log_lines
+from .fakes import ByLength
+from .otlp_receivers import http_receiver, json_log_lines
 
 
 def _values(attributes: object) -> dict[str, object]:
@@ -96,7 +97,7 @@ def _documents(n: int) -> list[Candidate]:
 def test_a_200_document_span_is_built_and_exported_whole_under_the_documented_set_up() -> None:
     with http_receiver() as receiver:
         provider = configure_tracing("docs-200", endpoint=receiver.url)
-        RerankStage(LengthReranker(), tracer_provider=provider).run("q", _documents(200))
+        RerankStage(ByLength(), tracer_provider=provider).run("q", _documents(200))
         assert not shutdown_telemetry(provider, timeout=10.0)
         ((_, span),) = _exported_spans(receiver.received("/v1/traces"))
 
@@ -117,7 +118,7 @@ def test_spans_with_no_attribute_limit_keep_every_document() -> None:
         exporter=exporter,
         span_limits=SpanLimits(max_span_attributes=SpanLimits.UNSET),
     )
-    RerankStage(LengthReranker(), tracer_provider=provider).run("q", _documents(600))
+    RerankStage(ByLength(), tracer_provider=provider).run("q", _documents(600))
     provider.force_flush()
     (span,) = exporter.get_finished_spans()
     shutdown_telemetry(provider)
@@ -134,7 +135,7 @@ def test_the_default_limit_drops_past_it_and_says_so() -> None:
     """The control for the test above: the same span under the default limit loses some."""
     exporter = InMemorySpanExporter()
     provider = configure_tracing("limit", exporter=exporter)
-    RerankStage(LengthReranker(), tracer_provider=provider).run("q", _documents(600))
+    RerankStage(ByLength(), tracer_provider=provider).run("q", _documents(600))
     provider.force_flush()
     (span,) = exporter.get_finished_spans()
     shutdown_telemetry(provider)
@@ -245,7 +246,7 @@ def test_reranker_span_arrives_over_real_otlp_grpc() -> None:
         provider = configure_tracing(
             "grpc-test", endpoint=f"http://127.0.0.1:{port}", protocol="grpc"
         )
-        RerankStage(LengthReranker(), tracer_provider=provider).run("q", _documents(3))
+        RerankStage(ByLength(), tracer_provider=provider).run("q", _documents(3))
         assert not shutdown_telemetry(provider, timeout=10.0)
     finally:
         server.stop(grace=None)
