@@ -19,7 +19,7 @@ DEMO_STAMP := $(VENV)/.demo-installed
 TEST_STAMP := $(VENV)/.test-installed
 TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: demo test lint install
+.PHONY: demo test lint install install-test
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,8 @@ $(TEST_STAMP): pyproject.toml $(TORCH_STAMP)
 	touch $(TEST_STAMP)
 
 install: $(DEMO_STAMP)
+
+install-test: $(TEST_STAMP)
 
 demo: $(DEMO_STAMP)
 	$(BIN)/retrieval-stage demo
