@@ -14,7 +14,7 @@ exporter thread; for CPU in every thread run the workload under py-spy and summa
 
     py-spy record --rate 500 --format raw -o /tmp/spy.txt -- \\
         python -m benchmarks.profile --what traced --no-profiler
-    python -m benchmarks.profile --summarize /tmp/spy.txt
+    python -m benchmarks.profile --summarize /tmp/spy.txt [--under Thread.run]
 
 ``--summarize`` prints the top functions by own samples and by inclusive samples, as shares
 of all samples (idle threads excluded, since py-spy records only active ones by default).
@@ -45,14 +45,18 @@ SYNC = ("traced", "sampled-out", "client")
 ASYNC = ("async-raw", "async-sampled-out", "async-traced")
 
 
-def summarize(path: Path, top: int = 25) -> str:
-    """Top functions of a py-spy ``--format raw`` file (collapsed stacks, one count per line)."""
+def summarize(path: Path, top: int = 25, under: str | None = None) -> str:
+    """Top functions of a py-spy ``--format raw`` file (collapsed stacks, one count per line).
+
+    `under` keeps only stacks with a frame containing that text (``Thread.run`` for the
+    exporter thread, ``_drive`` for the async workload), leaving start-up imports out.
+    """
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack:
+        if not stack or (under is not None and under not in stack):
             continue
         n = int(count)
         total += n
@@ -123,9 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--html", type=Path, help="write pyinstrument's HTML report here")
     parser.add_argument("--no-profiler", action="store_true", help="just run (for py-spy)")
     parser.add_argument("--summarize", type=Path, help="summarise a py-spy raw file and exit")
+    parser.add_argument("--under", help="with --summarize: only stacks through this frame")
     args = parser.parse_args(argv)
     if args.summarize:
-        print(summarize(args.summarize))
+        print(summarize(args.summarize, under=args.under))
         return 0
     guard.install()
     from retrieval_stage import RerankClient
