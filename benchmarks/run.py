@@ -1,20 +1,24 @@
 """The benchmark: our stage against raw httpx and peer clients, side by side, as ratios.
 
 Run with ``python -m benchmarks`` from the repository root (see benchmarks/README.md). It starts
-`benchmarks.server` in a child process on 127.0.0.1 and measures, in one run:
+`benchmarks.server` in a child process on 127.0.0.1 and reports issue 15's targets in one run:
 
-- overhead: raw httpx POST + JSON parse vs `RerankClient` vs `RerankStage` (sampled out and
-  traced through a BatchSpanProcessor and the real OTLP/HTTP exporter to the server's sink);
-- fan-out: 512 texts in batches of 32 behind a 20 ms server delay, async vs ideal, sync beside;
-- peers: the Cohere SDK, `rerankers`, LangChain's CohereRerank and LlamaIndex's TEI reranker,
-  untraced, against our stage traced, on the same server;
-- throughput: async stage calls per second at 64 concurrency vs a raw httpx `AsyncClient` loop;
-- memory: RSS growth over 10,000 traced async stage calls after a warm-up.
+- overhead: sync, 0 ms: the CPU tracing adds per 50-document call in raw httpx calls of CPU
+  (fast OTLP encoder, and the SDK's with ``RETRIEVAL_STAGE_FAST_OTLP=0``); wall time traced /
+  sampled out at 0, 10 and 20 ms server latency;
+- throughput: async calls per second at 64 concurrent behind 20 ms (and 0 ms): the stage
+  sampled out vs a raw httpx `AsyncClient` loop, traced vs sampled out;
+- peer_tracing: our tracing CPU per call vs openinference-instrumentation-cohere's over the
+  cohere SDK, same provider and exporter;
+- fanout: 512 texts in batches of 32 behind 20 ms, async client vs raw httpx under the same
+  bound; memory: RSS over 10,000 traced async calls;
+- context: untraced peer clients (peers) and an in-process CPU breakdown (breakdown).
 
-Variants are interleaved round by round (so drift hits all of them alike) and each figure is
-the median over rounds. Every traced block ends with `force_flush()` inside the timed region,
-so the exporter's work (encoding and sending the spans) is charged to tracing, not hidden in a
-background thread. Nothing here asserts; targets are reported as met or not met.
+Variants are interleaved round by round (so drift hits all of them alike); wall and CPU time
+(process time: every thread, so the exporter's counts) are kept per round, and ratios are
+taken within a round, the median over rounds reported with its range. Every traced block ends
+with `force_flush()` inside the timed region, so the exporter's work is charged to tracing.
+Nothing here asserts; targets are reported as met or not met.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class Scale:
     peer_rounds: int = 9
     peer_calls: int = 30
     throughput_rounds: int = 5
+    throughput_rounds_0ms: int = 3  # context only; the target is at 20 ms
     throughput_calls: int = 1536  # a multiple of 64
     memory_warmup: int = 1024
     memory_calls: int = 10_000
@@ -75,6 +80,7 @@ QUICK = Scale(
     peer_rounds=2,
     peer_calls=5,
     throughput_rounds=1,
+    throughput_rounds_0ms=1,
     throughput_calls=256,
     memory_warmup=128,
     memory_calls=512,
@@ -701,7 +707,7 @@ T_ON = "RerankStage.arun, traced (fast OTLP)"
 
 
 def _throughput_at(
-    server: LocalServer, scale: Scale, delay_ms: int, concurrency: int
+    server: LocalServer, scale: Scale, delay_ms: int, concurrency: int, rounds: int
 ) -> dict[str, dict[str, list[float]]]:
     """Per-round calls per second and CPU seconds per call of each variant behind `delay_ms`."""
     import httpx
@@ -743,7 +749,7 @@ def _throughput_at(
         opened: dict[str, list[float]] = {name: [] for name in variants}
         names = list(variants)
         calls = scale.throughput_calls // concurrency * concurrency
-        for r in range(scale.throughput_rounds):
+        for r in range(rounds):
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 gc.collect()
                 connections = (await stats())["connections"]
@@ -772,8 +778,8 @@ def throughput(server: LocalServer, scale: Scale, concurrency: int = 64) -> dict
     (process time, the exporter's thread included) says whether a variant is CPU-bound.
     """
     result: dict[str, Any] = {"concurrency": concurrency}
-    for delay in (20, 0):
-        s = _throughput_at(server, scale, delay, concurrency)
+    for delay, rounds in ((20, scale.throughput_rounds), (0, scale.throughput_rounds_0ms)):
+        s = _throughput_at(server, scale, delay, concurrency, rounds)
         rates, cpu = s["calls_per_second"], s["cpu_seconds_per_call"]
         result[f"{delay}ms"] = {
             "samples": s,
