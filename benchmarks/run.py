@@ -64,6 +64,8 @@ class Scale:
     peer_calls: int = 30
     throughput_rounds: int = 5
     throughput_rounds_0ms: int = 3  # context only; the target is at 20 ms
+    pool_rounds: int = 3
+    pool_calls: int = 1024
     throughput_calls: int = 1536  # a multiple of 64
     memory_warmup: int = 1024
     memory_calls: int = 10_000
@@ -81,6 +83,8 @@ QUICK = Scale(
     peer_calls=5,
     throughput_rounds=1,
     throughput_rounds_0ms=1,
+    pool_rounds=1,
+    pool_calls=256,
     throughput_calls=256,
     memory_warmup=128,
     memory_calls=512,
@@ -795,6 +799,82 @@ def throughput(server: LocalServer, scale: Scale, concurrency: int = 64) -> dict
     return result
 
 
+POOL_LIMITS = {"httpx default (20 kept idle)": 20, "64 kept idle": 64}
+
+
+def pool(server: LocalServer, scale: Scale, concurrency: int = 64) -> dict[str, Any]:
+    """Raw httpx at 64 concurrent behind 20 ms: the default pool against one keeping 64 idle.
+
+    With 20 kept idle, answers arriving in waves of 64 close the surplus and the next wave
+    reconnects; keeping 64 idle stops that, but httpcore then scans more connections (each a
+    socket readability check) for every request. CPU per call and new TCP connections per call
+    say which costs more; this is why every throughput variant keeps httpx's default.
+    """
+    import httpx
+
+    texts = [c.text for c in candidates(DOCS)]
+    url = server.delayed(20) + "/rerank"
+
+    async def main() -> dict[str, dict[str, list[float]]]:
+        stats_http = httpx.AsyncClient()
+        clients = {
+            name: httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=idle))
+            for name, idle in POOL_LIMITS.items()
+        }
+        out: dict[str, dict[str, list[float]]] = {
+            name: {"calls_per_second": [], "cpu_us_per_call": [], "new_connections_per_call": []}
+            for name in clients
+        }
+
+        def caller(client: httpx.AsyncClient) -> Callable[[], Awaitable[object]]:
+            async def call() -> object:
+                response = await client.post(url, json={"query": QUERY, "texts": texts})
+                return json.loads(response.content)
+
+            return call
+
+        async def opened() -> int:
+            count: int = (await stats_http.get(server.url + "/stats")).json()["connections"]
+            return count
+
+        for client in clients.values():
+            await _drive(caller(client), concurrency * 4, concurrency)
+        calls = scale.pool_calls // concurrency * concurrency
+        for _ in range(scale.pool_rounds):
+            for name, client in clients.items():
+                gc.collect()
+                before, cpu = await opened(), time.process_time()
+                rate = await _drive(caller(client), calls, concurrency)
+                out[name]["cpu_us_per_call"].append((time.process_time() - cpu) / calls * 1e6)
+                out[name]["calls_per_second"].append(rate)
+                out[name]["new_connections_per_call"].append((await opened() - before) / calls)
+        for client in (*clients.values(), stats_http):
+            await client.aclose()
+        return out
+
+    samples = asyncio.run(main())
+    return {
+        "samples": samples,
+        "median": {
+            name: {key: statistics.median(v) for key, v in values.items()}
+            for name, values in samples.items()
+        },
+    }
+
+
+def _pool_rows(p: dict[str, Any]) -> list[Row]:
+    return [
+        (
+            f"raw httpx @64, 20 ms, {name}: calls/s, CPU us/call, new connections/call",
+            f"{m['calls_per_second']:.0f}, {m['cpu_us_per_call']:.0f}, "
+            f"{m['new_connections_per_call']:.2f}",
+            "(context)",
+            "",
+        )
+        for name, m in p["median"].items()
+    ]
+
+
 def memory(server: LocalServer, scale: Scale, concurrency: int = 64) -> dict[str, Any]:
     """RSS over 10,000 traced async stage calls, after a warm-up at the same load.
 
@@ -1206,6 +1286,7 @@ def table(results: dict[str, Any]) -> str:
     builders: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
         "overhead": _overhead_rows,
         "throughput": _throughput_rows,
+        "pool": _pool_rows,
         "peer_tracing": _peer_tracing_rows,
         "fanout": _fanout_rows,
         "peers": _peer_rows,
@@ -1231,6 +1312,7 @@ def table(results: dict[str, Any]) -> str:
 SECTIONS: dict[str, Callable[[LocalServer, Scale], dict[str, Any]]] = {
     "overhead": overhead,
     "throughput": throughput,
+    "pool": pool,
     "peer_tracing": peer_tracing,
     "fanout": fanout,
     "memory": memory,
