@@ -898,7 +898,7 @@ def memory(server: LocalServer, scale: Scale, concurrency: int = 64) -> dict[str
         traced.force_flush()
         gc.collect()
         after_warmup = rss_bytes()
-        done, readings = 0, []
+        done, readings = 0, [(0, after_warmup)]
         while done < scale.memory_calls:  # in slices, flushing, like a steady service
             step = min(1024, scale.memory_calls - done)
             await _drive(call, step, min(concurrency, step))
