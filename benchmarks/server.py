@@ -11,7 +11,7 @@ GIL. Routes, any of them behind an optional ``/delay/<ms>`` prefix that holds th
   ``top_n``;
 - ``GET .../info``: TEI's info (``max_client_batch_size`` 32);
 - ``POST /v1/traces``: an OTLP/HTTP sink that accepts and discards spans (counted);
-- ``GET /stats``: request counts as JSON.
+- ``GET /stats``: request counts, and connections accepted, as JSON.
 
 It listens on 127.0.0.1 only, stops when its stdin closes (its parent died or is done), after
 ``--max-seconds`` or after ``--max-requests``, whichever comes first.
@@ -138,6 +138,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self.server.counts["connections"] += 1  # how often clients had to open a new one
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
