@@ -260,17 +260,20 @@ def output_value(outputs: Sequence[Reranked], *, fell_back: bool, max_bytes: int
     no scores, so ``{"order":"recall","documents":[{"id":"a"},…]}``. Longer than `max_bytes`
     (UTF-8), the tail is left off and ``"omitted":N`` says how many, so it stays valid JSON.
     """
+    documents: list[dict[str, Any]]
     if fell_back:
-        entries = [_json({"id": _capped(r.candidate.id, max_bytes)}) for r in outputs]
-        head = '{"order":"recall","documents":['
+        documents = [{"id": _capped(r.candidate.id, max_bytes)} for r in outputs]
+        head = '{"order":"recall","documents":'
     else:
-        entries = [
-            _json({"id": _capped(r.candidate.id, max_bytes), "score": r.score}) for r in outputs
-        ]
-        head = '{"documents":['
-    text = head + ",".join(entries) + "]}"
+        documents = [{"id": _capped(r.candidate.id, max_bytes), "score": r.score} for r in outputs]
+        head = '{"documents":'
+    # One json.dumps over the list (a third of the cost of one per document); the entries are
+    # encoded one by one only when the whole does not fit and its tail must be cut.
+    text = head + _json(documents) + "}"
     if len(text) <= max_bytes // 4 or len(text.encode("utf-8", errors="replace")) <= max_bytes:
         return text
+    head += "["
+    entries = [_json(document) for document in documents]
     tail = f'],"omitted":{len(entries)}}}'  # the longest the closing part can be
     budget = max_bytes - len(head.encode()) - len(tail.encode())
     kept = 0
