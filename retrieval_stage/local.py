@@ -26,7 +26,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ._args import rank, snapshot
 from .errors import RerankError, RerankProtocolError
@@ -86,7 +86,102 @@ def model_in_cache(model: str) -> bool:
     return isinstance(found, str)
 
 
-class CrossEncoderReranker:
+_M = TypeVar("_M", bound="_InProcessModel")
+_A = TypeVar("_A", bound="_InThread[Any]")
+_S = TypeVar("_S", bound="_InProcessModel")
+
+
+class _InProcessModel:
+    """What every in-process model reranker shares: loaded once on first use (or by `load()`)
+    under a lock, dropped by `close()`, usable as a context manager. Subclasses say how to
+    load in `_load`."""
+
+    provider = "local"
+
+    def __init__(self) -> None:
+        self._encoder: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def model_name(self) -> str:
+        """The model's name, for spans and metrics."""
+        raise NotImplementedError
+
+    def _load(self) -> Any:
+        """Load and return the model; `RerankError` says why it could not be loaded."""
+        raise NotImplementedError
+
+    def rerank(
+        self,
+        query: str,
+        items: Sequence[T],
+        *,
+        text: Callable[[T], str] | None = None,
+        top_k: int | None = None,
+    ) -> list[tuple[T, float]]:
+        """The items with the model's scores, best first; ties keep input order."""
+        raise NotImplementedError
+
+    def load(self) -> None:
+        """Load the model now (idempotent); `RerankError` says why it could not be loaded."""
+        with self._lock:
+            if self._encoder is None:
+                self._encoder = self._load()
+
+    def close(self) -> None:
+        """Drop the loaded model, so its memory can be freed; the next call loads it again."""
+        with self._lock:
+            self._encoder = None
+
+    def __enter__(self: _M) -> _M:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _InThread(Generic[_S]):
+    """The awaitable twin of an in-process reranker: loads and scores in a worker thread, so
+    the CPU-bound model leaves the event loop free to serve other requests."""
+
+    provider = "local"
+    sync: _S
+
+    @property
+    def model_name(self) -> str:
+        """The wrapped reranker's model name."""
+        return self.sync.model_name
+
+    def __repr__(self) -> str:
+        return f"Async{self.sync!r}"
+
+    async def load(self) -> None:
+        """Load the model in a worker thread (see the sync reranker's `load`)."""
+        await asyncio.to_thread(self.sync.load)
+
+    async def aclose(self) -> None:
+        """Drop the loaded model (see the sync reranker's `close`)."""
+        self.sync.close()
+
+    async def __aenter__(self: _A) -> _A:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def rerank(
+        self,
+        query: str,
+        items: Sequence[T],
+        *,
+        text: Callable[[T], str] | None = None,
+        top_k: int | None = None,
+    ) -> list[tuple[T, float]]:
+        """The sync reranker's `rerank`, in a worker thread."""
+        return await asyncio.to_thread(self.sync.rerank, query, items, text=text, top_k=top_k)
+
+
+class CrossEncoderReranker(_InProcessModel):
     """A sentence-transformers `CrossEncoder` scoring (query, text) pairs in process.
 
     `model` is a Hugging Face model id (default `DEFAULT_LOCAL_MODEL`, downloaded once into the
@@ -95,8 +190,6 @@ class CrossEncoderReranker:
     `RerankStage` falls back to recall order as for any other reranker failure. Scores are what
     the model's head (and its configured activation) gives: their scale is model-specific.
     """
-
-    provider = "local"
 
     def __init__(
         self,
@@ -118,8 +211,7 @@ class CrossEncoderReranker:
         self.batch_size = batch_size
         self.max_length = max_length
         self.local_files_only = local_files_only
-        self._encoder: Any = None
-        self._lock = threading.Lock()
+        super().__init__()
         on_disk = _files_on_disk(self.model)
         if on_disk is not None:  # refused now, before anything loads or scores
             check_cross_encoder(on_disk)
@@ -133,51 +225,36 @@ class CrossEncoderReranker:
     def __repr__(self) -> str:
         return f"CrossEncoderReranker(model={self.model!r}, device={self.device!r})"
 
-    def close(self) -> None:
-        """Drop the loaded model, so its memory can be freed; the next call loads it again."""
-        with self._lock:
-            self._encoder = None
-
-    def __enter__(self) -> CrossEncoderReranker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def load(self) -> None:
-        """Load the model now (idempotent); `RerankError` says why it could not be loaded."""
-        with self._lock:
-            if self._encoder is not None:
-                return
-            try:
-                source = resolve_model(
-                    self.model,
-                    default=DEFAULT_LOCAL_MODEL,
-                    local_files_only=self.local_files_only,
-                )
-            except ModelUnavailableError as exc:
-                raise ModelUnavailableError(
-                    f"could not load cross-encoder {self.model!r}: {exc}"
-                ) from exc
-            if source.origin != "hub":
-                check_cross_encoder(source.location)
-            # Imported here, not at module level: the [local] extra is optional and heavy.
-            cross_encoder = importlib.import_module("sentence_transformers").CrossEncoder
-            try:
-                encoder = cross_encoder(
-                    source.location,
-                    device=self.device,
-                    max_length=self.max_length,
-                    local_files_only=source.local_files_only,
-                )
-            except Exception as exc:  # the loader raises OSError, ValueError, HTTP errors...
-                raise RerankError(
-                    f"could not load cross-encoder {self.model!r}: {type(exc).__name__}: {exc}"
-                ) from exc
-            downloaded = cached_model_dir(source.location) if source.origin == "hub" else None
-            if downloaded is not None:  # judged now that its files are on disk
-                check_cross_encoder(downloaded)
-            self._encoder = encoder
+    def _load(self) -> Any:
+        try:
+            source = resolve_model(
+                self.model,
+                default=DEFAULT_LOCAL_MODEL,
+                local_files_only=self.local_files_only,
+            )
+        except ModelUnavailableError as exc:
+            raise ModelUnavailableError(
+                f"could not load cross-encoder {self.model!r}: {exc}"
+            ) from exc
+        if source.origin != "hub":
+            check_cross_encoder(source.location)
+        # Imported here, not at module level: the [local] extra is optional and heavy.
+        cross_encoder = importlib.import_module("sentence_transformers").CrossEncoder
+        try:
+            encoder = cross_encoder(
+                source.location,
+                device=self.device,
+                max_length=self.max_length,
+                local_files_only=source.local_files_only,
+            )
+        except Exception as exc:  # the loader raises OSError, ValueError, HTTP errors...
+            raise RerankError(
+                f"could not load cross-encoder {self.model!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        downloaded = cached_model_dir(source.location) if source.origin == "hub" else None
+        if downloaded is not None:  # judged now that its files are on disk
+            check_cross_encoder(downloaded)
+        return encoder
 
     def rerank(
         self,
@@ -212,46 +289,11 @@ class CrossEncoderReranker:
         return [(kept[i], s) for i, s in rank(list(enumerate(scores)), cap)]
 
 
-class AsyncCrossEncoderReranker:
-    """The awaitable twin of `CrossEncoderReranker`: scores in a worker thread.
-
-    The model is CPU- (or GPU-) bound Python code; running it in a thread keeps the event loop
-    serving other requests while it scores.
-    """
-
-    provider = "local"
+class AsyncCrossEncoderReranker(_InThread[CrossEncoderReranker]):
+    """The awaitable twin of `CrossEncoderReranker`: loads and scores in a worker thread."""
 
     def __init__(self, model: str | os.PathLike[str] = DEFAULT_LOCAL_MODEL, **kw: Any) -> None:
         self.sync = CrossEncoderReranker(model, **kw)
-
-    @property
-    def model_name(self) -> str:
-        """The wrapped reranker's model name."""
-        return self.sync.model_name
-
-    def __repr__(self) -> str:
-        return f"Async{self.sync!r}"
-
-    async def aclose(self) -> None:
-        """Drop the loaded model (see `CrossEncoderReranker.close`)."""
-        self.sync.close()
-
-    async def __aenter__(self) -> AsyncCrossEncoderReranker:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def rerank(
-        self,
-        query: str,
-        items: Sequence[T],
-        *,
-        text: Callable[[T], str] | None = None,
-        top_k: int | None = None,
-    ) -> list[tuple[T, float]]:
-        """`CrossEncoderReranker.rerank` in a worker thread."""
-        return await asyncio.to_thread(self.sync.rerank, query, items, text=text, top_k=top_k)
 
 
 class EmbeddingCache:
@@ -306,7 +348,7 @@ class EmbeddingCache:
             self._vectors.clear()
 
 
-class EmbeddingReranker:
+class EmbeddingReranker(_InProcessModel):
     """Scores each text by the cosine of its embedding with the query's, in process.
 
     Any sentence-transformers embedding model (a bi-encoder): `model` is a directory, an
@@ -317,8 +359,6 @@ class EmbeddingReranker:
     again by this model. A model that cannot be loaded or fails raises `RerankError`, so a
     `RerankStage` falls back to recall order.
     """
-
-    provider = "local"
 
     def __init__(
         self,
@@ -343,8 +383,7 @@ class EmbeddingReranker:
         self.local_files_only = local_files_only
         self.cache = cache
         self.source: ModelSource | None = None
-        self._encoder: Any = None
-        self._lock = threading.Lock()
+        super().__init__()
         self._model_name = display_name(self.model, DEFAULT_EMBEDDING_MODEL)
 
     @property
@@ -365,49 +404,31 @@ class EmbeddingReranker:
     def __repr__(self) -> str:
         return f"EmbeddingReranker(model={self.model_name!r}, device={self.device!r})"
 
-    def close(self) -> None:
-        """Drop the loaded model, so its memory can be freed; the next call loads it again."""
-        with self._lock:
-            self._encoder = None
-
-    def __enter__(self) -> EmbeddingReranker:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def load(self) -> None:
-        """Load the model now (idempotent); `RerankError` says why it could not be loaded."""
-        with self._lock:
-            if self._encoder is not None:
-                return
-            try:
-                source = resolve_model(
-                    self.model,
-                    default=DEFAULT_EMBEDDING_MODEL,
-                    local_files_only=self.local_files_only,
-                )
-            except ModelUnavailableError as exc:
-                raise ModelUnavailableError(f"could not load embedding model: {exc}") from exc
-            # Imported here, not at module level: the [local] extra is optional and heavy.
-            sentence_transformer = importlib.import_module(
-                "sentence_transformers"
-            ).SentenceTransformer
-            try:
-                encoder = sentence_transformer(
-                    source.location,
-                    device=self.device,
-                    local_files_only=source.local_files_only,
-                )
-                if self.max_length is not None:
-                    encoder.max_seq_length = self.max_length
-            except Exception as exc:  # the loader raises OSError, ValueError, HTTP errors...
-                raise RerankError(
-                    f"could not load embedding model {source.location!r}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-            self.source = source
-            self._encoder = encoder
+    def _load(self) -> Any:
+        try:
+            source = resolve_model(
+                self.model,
+                default=DEFAULT_EMBEDDING_MODEL,
+                local_files_only=self.local_files_only,
+            )
+        except ModelUnavailableError as exc:
+            raise ModelUnavailableError(f"could not load embedding model: {exc}") from exc
+        # Imported here, not at module level: the [local] extra is optional and heavy.
+        sentence_transformer = importlib.import_module("sentence_transformers").SentenceTransformer
+        try:
+            encoder = sentence_transformer(
+                source.location,
+                device=self.device,
+                local_files_only=source.local_files_only,
+            )
+            if self.max_length is not None:
+                encoder.max_seq_length = self.max_length
+        except Exception as exc:  # the loader raises OSError, ValueError, HTTP errors...
+            raise RerankError(
+                f"could not load embedding model {source.location!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        self.source = source
+        return encoder
 
     def _encode(self, texts: list[str], role: str) -> Any:
         """Normalised float32 embeddings of `texts` (one row each) as the query or documents."""
@@ -520,54 +541,16 @@ class EmbeddingReranker:
         return [(kept[i], s) for i, s in rank(list(enumerate(scores)), cap)]
 
 
-class AsyncEmbeddingReranker:
-    """The awaitable twin of `EmbeddingReranker`: embeds in a worker thread.
-
-    Loading and encoding are CPU-bound; in a thread they leave the event loop free.
-    """
-
-    provider = "local"
+class AsyncEmbeddingReranker(_InThread[EmbeddingReranker]):
+    """The awaitable twin of `EmbeddingReranker`: loads and embeds in a worker thread."""
 
     def __init__(self, model: str | os.PathLike[str] | None = None, **kw: Any) -> None:
         self.sync = EmbeddingReranker(model, **kw)
 
     @property
-    def model_name(self) -> str:
-        """The wrapped reranker's model name."""
-        return self.sync.model_name
-
-    @property
     def cache(self) -> EmbeddingCache | None:
         """The wrapped reranker's document-embedding cache."""
         return self.sync.cache
-
-    def __repr__(self) -> str:
-        return f"Async{self.sync!r}"
-
-    async def load(self) -> None:
-        """Load the model in a worker thread (see `EmbeddingReranker.load`)."""
-        await asyncio.to_thread(self.sync.load)
-
-    async def aclose(self) -> None:
-        """Drop the loaded model (see `EmbeddingReranker.close`)."""
-        self.sync.close()
-
-    async def __aenter__(self) -> AsyncEmbeddingReranker:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def rerank(
-        self,
-        query: str,
-        items: Sequence[T],
-        *,
-        text: Callable[[T], str] | None = None,
-        top_k: int | None = None,
-    ) -> list[tuple[T, float]]:
-        """`EmbeddingReranker.rerank` in a worker thread."""
-        return await asyncio.to_thread(self.sync.rerank, query, items, text=text, top_k=top_k)
 
 
 _WORD = re.compile(r"[a-z0-9]+")
