@@ -19,14 +19,16 @@ import os
 import time
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
+from openinference.semconv.trace import RerankerAttributes
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 from structlog.testing import capture_logs
 
 from retrieval_stage import AsyncRerankClient, Candidate, Reranked, RerankStage
+from retrieval_stage.spans import ATTR_REQUESTS
 
 from .conftest import WireMock
 
@@ -37,6 +39,18 @@ DOCS = 8
 MAX_RETRIES = 2
 GUARD_SECONDS = 100.0
 """The soak is cancelled (and fails) if it has not finished by then."""
+
+
+class Served(NamedTuple):
+    """One request in WireMock's journal: its query, the stub that matched, the status sent."""
+
+    query: str
+    stub: str
+    status: int | None
+
+
+JOURNAL_SETTLE_SECONDS = 5.0
+"""How long the journal may stay short of the client's count before the test believes it."""
 
 RSS_GROWTH_LIMIT = 40 * 1024 * 1024
 """Generous: allocator noise is a few MB; a per-call leak of 1 kB x 1,800 calls is not."""
@@ -53,6 +67,11 @@ FAULTS: dict[str, tuple[dict[str, Any], int]] = {
 """Fault name: (WireMock response, requests the policy allows for one call)."""
 
 KINDS = sorted(FAULTS)
+HEALTHY = "healthy"
+SIGNATURES = 100
+"""Healthy stubs, each signing its scores with the last two digits of the calls it answers."""
+UNROUTED = 0.999
+"""The signature of the catch-all stub that answers a request no routed stub matched."""
 
 
 def kind_of(i: int) -> str | None:
@@ -60,23 +79,76 @@ def kind_of(i: int) -> str | None:
     return KINDS[(i // 10) % len(KINDS)] if i % 10 == 0 else None
 
 
-def stub(wm: WireMock) -> None:
-    body = [{"index": j, "score": round((j + 1) / (DOCS + 1), 4)} for j in reversed(range(DOCS))]
-    wm.stub_json("/soak/rerank", body)
+def query_of(i: int) -> str:
+    """Call `i`'s query: its kind (routes it to a stub) and its number (signs the answer)."""
+    return f"{kind_of(i) or HEALTHY}:{i:05d}"
+
+
+def own_score(i: int, j: int) -> float:
+    """The score the healthy stubs give document `j` of call `i`: ``j + 1`` before the point
+    (the reverse order) and the call's last two digits after it (which stub answered)."""
+    return float(f"{j + 1}.{i % SIGNATURES:02d}")
+
+
+def stub(wm: WireMock) -> dict[str, str]:
+    """The stubs; their names by id (the journal names the stub that matched each request).
+
+    A healthy call meets one of `SIGNATURES` stubs, chosen by its number's last two digits,
+    which signs its scores with those digits: a call that got the answer to another call's
+    request sees the wrong signature unless the two share their last two digits, which calls
+    in flight together (64 of 2,000 in a row) almost never do.
+    """
+    unrouted = [{"index": j, "score": j + 1 + UNROUTED} for j in reversed(range(DOCS))]
+    mappings: dict[str, dict[str, Any]] = {
+        "unrouted": {
+            "priority": 10,
+            "request": {"method": "POST", "urlPath": "/soak/rerank"},
+            "response": {
+                "status": 200,
+                "headers": {"Content-Type": "application/json"},
+                "body": json.dumps(unrouted),
+            },
+        }
+    }
+    for b in range(SIGNATURES):
+        body = [{"index": j, "score": own_score(b, j)} for j in reversed(range(DOCS))]
+        mappings[f"{HEALTHY}-{b:02d}"] = {
+            "request": {
+                "method": "POST",
+                "urlPath": "/soak/rerank",
+                "bodyPatterns": [
+                    {
+                        "matchesJsonPath": {
+                            "expression": "$.query",
+                            "matches": f"^{HEALTHY}:[0-9]*{b:02d}$",
+                        }
+                    }
+                ],
+            },
+            "response": {
+                "status": 200,
+                "headers": {"Content-Type": "application/json"},
+                "body": json.dumps(body),
+            },
+        }
     for name, (response, _) in FAULTS.items():
-        wm.stub(
-            {
-                "priority": 1,
-                "request": {
-                    "method": "POST",
-                    "urlPath": "/soak/rerank",
-                    "bodyPatterns": [
-                        {"matchesJsonPath": {"expression": "$.query", "matches": f"^{name}:.*"}}
-                    ],
-                },
-                "response": response,
-            }
-        )
+        mappings[name] = {
+            "priority": 1,
+            "request": {
+                "method": "POST",
+                "urlPath": "/soak/rerank",
+                "bodyPatterns": [
+                    {"matchesJsonPath": {"expression": "$.query", "matches": f"^{name}:.*"}}
+                ],
+            },
+            "response": response,
+        }
+    ids = {}
+    for name, mapping in mappings.items():
+        created = wm.admin.post("/mappings", json=mapping)
+        created.raise_for_status()
+        ids[created.json()["id"]] = name
+    return ids
 
 
 class CountingExporter(SpanExporter):
@@ -85,11 +157,18 @@ class CountingExporter(SpanExporter):
     def __init__(self) -> None:
         self.total = 0
         self.errors = 0
+        self.requests: Counter[str] = Counter()
+        """HTTP requests the client made, by query (from each span's own count)."""
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         for span in spans:
             self.total += 1
             self.errors += span.status.status_code == StatusCode.ERROR
+            attributes = span.attributes or {}
+            query = str(attributes[RerankerAttributes.RERANKER_QUERY])
+            sent = attributes[ATTR_REQUESTS]
+            assert isinstance(sent, int)
+            self.requests[query] += sent
         return SpanExportResult.SUCCESS
 
 
@@ -116,43 +195,88 @@ def rss_bytes() -> int:
     raise AssertionError("no VmRSS in /proc/self/status")
 
 
+def recall_score(j: int) -> float:
+    """Document `j`'s recall score: an order that is neither the input order nor the rerank."""
+    return round(0.1 + (3 * j % DOCS) / 10, 2)
+
+
+RECALL_ORDER = sorted(range(DOCS), key=lambda j: -recall_score(j))
+
+
 def candidates(i: int) -> list[Candidate]:
     return [
-        Candidate(f"{i}-{j}", f"call {i} document {j}", score=round(1.0 - j / 10, 2))
-        for j in range(DOCS)
+        Candidate(f"{i}-{j}", f"call {i} document {j}", score=recall_score(j)) for j in range(DOCS)
     ]
 
 
 def check(i: int, cands: list[Candidate], outputs: list[Reranked]) -> None:
-    """Each candidate exactly once; reranked (reverse order) if healthy, recall order if not."""
+    """Each candidate exactly once; reranked (reverse order) with the scores WireMock computed
+    for this call's own request if healthy; recall order with recall scores if not."""
     positions = [o.input_index for o in outputs]
+    scores = [o.score for o in outputs]
     assert sorted(positions) == list(range(DOCS)), f"call {i}: {positions}"
     assert all(o.candidate is cands[o.input_index] for o in outputs)
     if kind_of(i) is None:
-        assert positions == list(reversed(range(DOCS))), f"call {i} should be reranked"
+        assert positions == list(reversed(range(DOCS))), f"call {i} should be reranked: {scores}"
         assert all(o.reranked for o in outputs)
+        assert scores == [own_score(i, j) for j in positions], f"call {i} got another's answer: {scores}"
     else:
-        assert positions == list(range(DOCS)), f"call {i} ({kind_of(i)}) should fall back"
+        assert positions == RECALL_ORDER, f"call {i} ({kind_of(i)}) should fall back: {scores}"
+        assert scores == [recall_score(j) for j in positions]
         assert not any(o.reranked for o in outputs)
 
 
-async def soak(stage: RerankStage, calls: range, socket_samples: list[int]) -> None:
+async def soak(
+    stage: RerankStage, calls: range, socket_samples: list[int], failures: dict[int, str]
+) -> None:
+    """Run `calls`, `CONCURRENCY` at a time; a call that answers wrongly lands in `failures`
+    (all of them are kept, so the report can set each against WireMock's journal)."""
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(i: int) -> None:
         async with gate:
             cands = candidates(i)
-            kind = kind_of(i)
-            query = f"{kind}:{i}" if kind else f"healthy {i}"
-            check(i, cands, await stage.arun(query, cands))
+            outputs = await stage.arun(query_of(i), cands)
+            try:
+                check(i, cands, outputs)
+            except AssertionError as exc:
+                failures[i] = str(exc).splitlines()[0]
             if i % 50 == 0:
                 socket_samples.append(sockets())
 
     await asyncio.gather(*(one(i) for i in calls))
 
 
+def route(query: str) -> str:
+    """The stub a query is meant to meet."""
+    kind, number = query.split(":")
+    return f"{HEALTHY}-{int(number) % SIGNATURES:02d}" if kind == HEALTHY else kind
+
+
+def settled_journal(wm: WireMock, names: dict[str, str], expected: int) -> list[Served]:
+    """What WireMock served on the soak path, once its journal holds the `expected` requests
+    the client counted or has stopped growing for `JOURNAL_SETTLE_SECONDS`."""
+    seen, last_growth = -1, time.monotonic()
+    while True:
+        entries = wm.admin.get("/requests").json()["requests"]
+        served = [
+            Served(
+                json.loads(e["request"]["body"])["query"],
+                names.get((e.get("stubMapping") or {}).get("id", ""), "no stub"),
+                (e.get("response") or {}).get("status"),
+            )
+            for e in entries
+            if e["request"]["url"].split("?")[0] == "/soak/rerank"
+        ]
+        if len(served) >= expected or time.monotonic() - last_growth > JOURNAL_SETTLE_SECONDS:
+            return served
+        if len(served) > seen:
+            seen, last_growth = len(served), time.monotonic()
+        time.sleep(0.05)
+
+
 async def test_soak_every_call_answers_cleanly_without_leaks(wm: WireMock) -> None:
-    stub(wm)
+    stub_names = stub(wm)
     exporter = CountingExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -166,9 +290,12 @@ async def test_soak_every_call_answers_cleanly_without_leaks(wm: WireMock) -> No
         async with client:
             stage = RerankStage(client, tracer_provider=provider)
             samples: list[int] = []
-            await asyncio.wait_for(soak(stage, range(WARM_UP), samples), GUARD_SECONDS)
+            failures: dict[int, str] = {}
+            await asyncio.wait_for(soak(stage, range(WARM_UP), samples, failures), GUARD_SECONDS)
             rss_warm = rss_bytes()
-            await asyncio.wait_for(soak(stage, range(WARM_UP, CALLS), samples), GUARD_SECONDS)
+            await asyncio.wait_for(
+                soak(stage, range(WARM_UP, CALLS), samples, failures), GUARD_SECONDS
+            )
             rss_end = rss_bytes()
     elapsed = time.monotonic() - started
     provider.shutdown()
@@ -178,16 +305,33 @@ async def test_soak_every_call_answers_cleanly_without_leaks(wm: WireMock) -> No
         f"fds {fds_before} -> {len(open_fds())}, sockets {sockets_before} -> {sockets()} "
         f"(peak {peak_sockets}), RSS {rss_warm / 2**20:.1f} -> {rss_end / 2**20:.1f} MiB"
     )
+    served = settled_journal(wm, stub_names, sum(exporter.requests.values()))
+
+    # Every call got its own answer. A wrong one is shown with what WireMock served that
+    # call's requests: its own faulting stub there means the client paired a response with
+    # the wrong request; another stub means WireMock matched the request wrongly.
+    wrong = [
+        f"{message}; WireMock served it {[(s.stub, s.status) for s in served if s.query == q]}"
+        for i, message in sorted(failures.items())
+        if (q := query_of(i))
+    ]
+    assert not wrong, wrong[:5]
+
+    # WireMock matched every request to the stub its query routes to.
+    misrouted = [s for s in served if s.stub != route(s.query)]
+    assert not misrouted, f"WireMock matched the wrong stub: {misrouted[:5]}"
+
+    # The client made exactly the requests the policy allows (each span counts its call's):
+    # one per healthy call, retries for the transient faults, none for a 2xx that broke the
+    # contract; and WireMock journalled every one of them.
+    allowed = {query_of(i): FAULTS[k][1] if (k := kind_of(i)) else 1 for i in range(CALLS)}
+    assert exporter.requests == allowed
+    assert Counter(s.query for s in served) == allowed
 
     # Every call made exactly one span; the faulting ones, and only they, are ERROR.
     faulting = [i for i in range(CALLS) if kind_of(i)]
     assert exporter.total == CALLS
     assert exporter.errors == len(faulting)
-
-    # WireMock saw exactly what the policy allows: one request per healthy call, retries for
-    # the transient faults, none for a 2xx that broke the contract.
-    expected = (CALLS - len(faulting)) + sum(FAULTS[kind_of(i) or ""][1] for i in faulting)
-    assert len(wm.requests("/soak/rerank")) == expected
 
     events = Counter(entry["event"] for entry in logs)
     assert events["rerank.fallback"] == len(faulting)
