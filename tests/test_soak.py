@@ -18,16 +18,24 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple
 
+import pytest
 from openinference.semconv.trace import RerankerAttributes
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import StatusCode
 from structlog.testing import capture_logs
 
-from retrieval_stage import AsyncRerankClient, Candidate, Reranked, RerankStage
+from retrieval_stage import (
+    AsyncRerankClient,
+    Candidate,
+    RerankClient,
+    Reranked,
+    RerankStage,
+    RerankTransportError,
+)
 from retrieval_stage.spans import ATTR_REQUESTS
 
 from .conftest import WireMock
@@ -219,7 +227,9 @@ def check(i: int, cands: list[Candidate], outputs: list[Reranked]) -> None:
     if kind_of(i) is None:
         assert positions == list(reversed(range(DOCS))), f"call {i} should be reranked: {scores}"
         assert all(o.reranked for o in outputs)
-        assert scores == [own_score(i, j) for j in positions], f"call {i} got another's answer: {scores}"
+        assert scores == [own_score(i, j) for j in positions], (
+            f"call {i} got another's answer: {scores}"
+        )
     else:
         assert positions == RECALL_ORDER, f"call {i} ({kind_of(i)}) should fall back: {scores}"
         assert scores == [recall_score(j) for j in positions]
@@ -354,3 +364,116 @@ def test_fault_routing_sends_one_call_in_ten_to_each_kind_in_turn() -> None:
     assert sum(k is not None for k in kinds) == 8
     assert Counter(k for k in kinds if k) == dict.fromkeys(KINDS, 2)
     assert json.dumps(kinds[:11]) == json.dumps([KINDS[0]] + [None] * 9 + [KINDS[1]])
+
+
+class SigningServer:
+    """A raw HTTP/1.1 rerank server on loopback that keeps connections alive, signs each answer
+    with its request's query, and answers a query starting with ``late`` only after `delay`
+    (so the client's deadline has passed and the bytes arrive on an abandoned connection)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.seen: list[tuple[int, str]] = []
+        """(connection number, query) for every request read, in order."""
+        self._connections = 0
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:  # Python 3.11's wait_closed leaves connections open
+            writer.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._connections += 1
+        number = self._connections
+        self._writers.append(writer)
+        try:
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                query = json.loads(await reader.readexactly(length))["query"]
+                self.seen.append((number, query))
+                if query.startswith("late"):
+                    await asyncio.sleep(self.delay)
+                body = json.dumps(
+                    [{"index": j, "score": signed(query, j)} for j in reversed(range(DOCS))]
+                ).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+def signed(query: str, j: int) -> float:
+    """Document `j`'s score in the answer to `query`: its rank, then the query's number."""
+    return float(f"{j + 1}.{query.split(':')[1]}")
+
+
+LATE_DEADLINE = 1.0
+"""The client's deadline in the keep-alive tests. The server answers a ``late`` query after
+1.5 times that: half a deadline after the client gave up, and half a deadline before the next
+call (started at once) would give up."""
+
+
+@pytest.mark.parametrize("flavour", ["async", "sync"])
+@pytest.mark.parametrize(
+    "pause", [0.0, 2 * LATE_DEADLINE], ids=["answer-still-to-come", "answer-already-landed"]
+)
+async def test_an_answer_arriving_after_the_deadline_never_reaches_the_next_request(
+    pause: float, flavour: str
+) -> None:
+    """The worst bug a pooled client can have: a call abandoned at its deadline leaves its
+    connection in the pool with the answer still to come (or already in the socket buffer),
+    and the next request on that connection reads it as its own. Each call here must get its
+    own signed answer, and the abandoned connection must carry no further request. The sync
+    client (`DeadlineTransport`) runs in a worker thread, so the server keeps serving."""
+    server = SigningServer(delay=1.5 * LATE_DEADLINE)
+    texts = [f"document {j}" for j in range(DOCS)]
+    async with server as url:
+        if flavour == "async":
+            async with AsyncRerankClient(url, timeout=LATE_DEADLINE, max_retries=0) as client:
+                await calls_after_a_late_answer(client.rerank, texts, pause)
+        else:
+            with RerankClient(url, timeout=LATE_DEADLINE, max_retries=0) as sync_client:
+
+                async def rerank(query: str, texts: list[str]) -> list[tuple[str, float]]:
+                    return await asyncio.to_thread(sync_client.rerank, query, texts)
+
+                await calls_after_a_late_answer(rerank, texts, pause)
+    late_connection = next(c for c, q in server.seen if q.startswith("late"))
+    on_it = [q for c, q in server.seen if c == late_connection]
+    assert on_it[-1] == "late:02", f"the abandoned connection was used again: {server.seen}"
+
+
+async def calls_after_a_late_answer(
+    rerank: Callable[[str, list[str]], Awaitable[list[tuple[str, float]]]],
+    texts: list[str],
+    pause: float,
+) -> None:
+    """A call on a kept-alive connection, one abandoned at the deadline, then three more that
+    must each read their own answer."""
+    assert await rerank("warm:01", texts)  # leaves one pooled keep-alive connection
+    with pytest.raises(RerankTransportError, match="deadline"):
+        await rerank("late:02", texts)
+    await asyncio.sleep(pause)
+    for n in range(3, 6):
+        got = await rerank(f"next:{n:02d}", texts)
+        assert [score for _, score in got] == [
+            signed(f"next:{n:02d}", j) for j in reversed(range(DOCS))
+        ], f"call next:{n:02d} read another request's answer: {got}"
