@@ -17,6 +17,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -266,6 +267,9 @@ def _run_jar(plan: WireMockPlan) -> Iterator[WireMock]:
             pytrace=False,
         )
     port = plan.url.rsplit(":", 1)[1]
+    # WireMock's output goes to a file, not a pipe nobody reads: each unmatched request writes
+    # about 1 KB, and a full 64 KiB pipe would block WireMock's request threads.
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
     proc = subprocess.Popen(
         [
             java,
@@ -279,14 +283,15 @@ def _run_jar(plan: WireMockPlan) -> Iterator[WireMock]:
             str(FIXTURES),
             "--disable-banner",
         ],
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
     )
 
     def exited() -> str | None:
         if proc.poll() is None:
             return None
-        out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+        log.seek(0)
+        out = log.read().decode(errors="replace")
         return f"java exited with {proc.returncode}:\n{out[-2000:]}"
 
     try:
@@ -295,6 +300,7 @@ def _run_jar(plan: WireMockPlan) -> Iterator[WireMock]:
     finally:
         proc.kill()
         proc.wait(timeout=10)
+        log.close()
 
 
 @pytest.fixture(scope="session")
