@@ -90,6 +90,12 @@ def jsonl(text: str) -> list[dict[str, Any]]:
 # -- through the installed script --------------------------------------------------------------
 
 
+DEMO_BUDGET_S = 20.0
+"""What the demo may take on an idle machine (model-free: the lexical reranker)."""
+SLOW_MACHINE_MARGIN_S = 40.0
+"""Added for a shared, loaded 2-core machine: a subprocess's imports alone can take seconds."""
+
+
 def test_installed_script_runs_demo_offline_and_says_which_reranker_ran() -> None:
     started = time.monotonic()
     done = run_script("demo")
@@ -111,7 +117,7 @@ def test_installed_script_runs_demo_offline_and_says_which_reranker_ran() -> Non
     assert "pipeline (CHAIN) → recall (RETRIEVER), rerank (RERANKER)" in flat(done.stderr)
     assert "not exported" in flat(done.stderr)
     assert "Traceback" not in done.stderr
-    assert elapsed < 20 + 40  # the demo's budget, with a generous margin for slow machines
+    assert elapsed < DEMO_BUDGET_S + SLOW_MACHINE_MARGIN_S
 
 
 def test_installed_script_reports_the_bad_line_exits_2_and_writes_nothing() -> None:

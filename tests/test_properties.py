@@ -153,7 +153,7 @@ def oracle(fmt: WireFormat, body: Any, n: int, expected: int) -> list[tuple[int,
 
 
 @pytest.mark.parametrize("provider", sorted(PROVIDERS))
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_parse_response_maps_exactly_or_refuses(provider: str, data: st.DataObject) -> None:
     fmt = PROVIDERS[provider]

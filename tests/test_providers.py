@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import pytest
 
 from retrieval_stage import (
@@ -471,19 +472,52 @@ def test_sidecar_ids_must_be_the_canonical_strings_that_were_sent(raw_id: Any) -
 # -- the client copies its input before any I/O -------------------------------------------------
 
 
+class HeldTransport(httpx.AsyncBaseTransport):
+    """Forwards to the real network, but holds each request at the transport until released:
+    the test changes its list while the request is certainly in flight, with no sleep racing
+    the server."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.sent = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.sent.set()
+        await self.release.wait()
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+HOLD_LIMIT_S = 30.0
+"""How long the test waits for the request to reach the transport before failing (never, when
+the client works: it is there within milliseconds)."""
+
+
 @by_provider
 async def test_async_client_snapshots_items_before_io(case: Case, wm: WireMock) -> None:
     items = docs()
     originals = list(items)
-    async with AsyncRerankClient(
-        case.url(wm, "slow"), provider=case.provider, model=case.model, max_retries=0
-    ) as c:
+    held = HeldTransport()
+    async with (
+        httpx.AsyncClient(transport=held) as http,
+        AsyncRerankClient(
+            case.url(wm, "slow"),
+            provider=case.provider,
+            model=case.model,
+            max_retries=0,
+            http_client=http,
+        ) as c,
+    ):
         task = asyncio.ensure_future(c.rerank(QUERY, items, text=lambda d: d.text))
-        await asyncio.sleep(0.1)
-        assert not task.done(), "the request must still be in flight when the list changes"
+        await asyncio.wait_for(held.sent.wait(), HOLD_LIMIT_S)
+        assert not task.done(), "the request is held at the transport"
         items.reverse()
         items[0] = Doc("intruder", "not sent")
         items.append(Doc("late", "also not sent"))
+        held.release.set()
         result = await task
     assert result == expected(originals, RANKED)
     assert all(

@@ -331,7 +331,6 @@ def test_client_does_not_retry_an_error_in_its_own_request(clock: FakeClock) -> 
 
 
 def test_client_retries_a_424_once_and_only_once(clock: FakeClock) -> None:
-    clock = FakeClock()
     backend = httpx.Response(424, json={"error": "backend", "error_type": "Backend"})
     transport, seen = scripted([backend, backend, backend], clock)
     with (
@@ -341,6 +340,8 @@ def test_client_retries_a_424_once_and_only_once(clock: FakeClock) -> None:
         client.rerank("q", ["a"])
     assert caught.value.status_code == 424
     assert len(seen) == 2
+    # One backoff (0.5 s with random 0.0) on the clock the deadline reads, then no second wait.
+    assert clock.now - 100.0 == pytest.approx(0.5)
 
 
 def test_client_retries_until_max_retries_within_the_deadline(clock: FakeClock) -> None:

@@ -31,6 +31,10 @@ MARGIN = 1.5
 """Generous slack for a shared, busy 2-core machine; still less than one more DEADLINE."""
 EXPORT_TIMEOUT = 10.0
 """Each export's own timeout: without the deadline, shutdown would wait this long."""
+PROCESS_MARGIN = 6.0
+"""Slack when comparing two whole interpreter runs: their start-up alone differed by 2.2 s on a
+loaded 2-core machine. DEADLINE plus this stays under EXPORT_TIMEOUT, so an unbounded exit that
+waits out one export still fails."""
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "telemetry_shutdown.py"
@@ -168,7 +172,7 @@ def test_the_exit_hook_is_bounded_and_prints_no_sdk_lines_on_a_bare_terminal() -
     assert baseline.returncode == 0, baseline.stderr
     assert stuck.returncode == 0, stuck.stderr
     assert stuck.stderr == ""
-    assert stuck_s - baseline_s < DEADLINE + MARGIN, (stuck_s, baseline_s)
+    assert stuck_s - baseline_s < DEADLINE + PROCESS_MARGIN, (stuck_s, baseline_s)
 
 
 def test_the_exit_hook_says_once_in_our_format_what_was_lost() -> None:
