@@ -82,14 +82,18 @@ def check_sendable(query: str, texts: Sequence[str]) -> None:
 
 
 def masked_url(url: object) -> object:
-    """`url` with any ``user:password@`` part replaced, for reprs and messages."""
+    """`url` with any ``user:password@`` part replaced, for reprs and messages.
+
+    Whatever stands before the last ``@`` is taken for userinfo, whatever the scheme (``host``
+    alone, as gRPC endpoints are written, too) and even when a password holds an unencoded
+    ``/`` or ``?``: masking too much is harmless, showing a password is not.
+    """
     if not isinstance(url, str) or "@" not in url:
         return url
     scheme, sep, rest = url.partition("://")
-    host_part, slash, path = rest.partition("/")
-    if "@" not in host_part:
-        return url
-    return f"{scheme}{sep}***@{host_part.rsplit('@', 1)[1]}{slash}{path}"
+    if not sep:
+        scheme, rest = "", url
+    return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}"
 
 
 def rank(pairs: list[tuple[int, float]], top_k: int | None) -> list[tuple[int, float]]:

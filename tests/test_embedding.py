@@ -371,3 +371,13 @@ def test_an_unknown_name_goes_to_the_hub_only_when_it_answers(
     monkeypatch.setenv("HF_ENDPOINT", closed)
     with pytest.raises(ModelUnavailableError, match=f"the hub at {closed} does not answer"):
         resolve_model("someone/some-model", timeout=2.0)
+
+
+def test_a_model_name_is_never_imported_unless_it_is_a_known_model_package() -> None:
+    import sys
+
+    from retrieval_stage.model_source import packaged_model_path
+
+    sys.modules.pop("this", None)
+    assert packaged_model_path("this") is None  # `import this` would print the Zen of Python
+    assert "this" not in sys.modules

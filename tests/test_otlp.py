@@ -215,3 +215,20 @@ def test_http_telemetry_does_not_import_grpc() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ("user:secret@collector:4317", "***@collector:4317"),
+        ("collector:4317", "collector:4317"),
+        ("http://u:p@h:4318/v1/traces?key=k#f", "http://***@h:4318/v1/traces"),
+        ("https://u:pa/ss@h/v1/traces", "https://***@h/v1/traces"),
+        ("https://TOKEN@h/x", "https://***@h/x"),
+        ("http://h:4318", "http://h:4318"),
+    ],
+)
+def test_shown_endpoint_never_shows_credentials(given: str, shown: str) -> None:
+    from retrieval_stage.otlp import shown_endpoint
+
+    assert shown_endpoint(given) == shown

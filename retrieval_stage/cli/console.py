@@ -68,10 +68,9 @@ def shown_url(url: str) -> str:
     An endpoint may carry a credential in either place (``?key=...`` for some gateways); what
     is printed lands in terminals, CI logs and bug reports.
     """
-    from ..client import masked_url
+    from ..otlp import shown_endpoint
 
-    masked = str(masked_url(url))
-    return masked.split("#", 1)[0].split("?", 1)[0]
+    return shown_endpoint(url)
 
 
 def scrubbed(message: str, url: str | None) -> str:
@@ -82,7 +81,8 @@ def scrubbed(message: str, url: str | None) -> str:
     if not url:
         return message
     parts = urlsplit(url)
-    secrets = [url, str(parts.password or ""), parts.query, parts.fragment]
+    # A token may stand alone as the username (https://TOKEN@host).
+    secrets = [url, str(parts.password or parts.username or ""), parts.query, parts.fragment]
     message = message.replace(url, shown_url(url))
     for secret in sorted(secrets[1:], key=len, reverse=True):
         if len(secret) >= 3:  # a one- or two-character "secret" would mangle the message
