@@ -334,7 +334,7 @@ class Call:
             if isinstance(outcome, Reply) and outcome.is_success:
                 try:
                     cause = core._apply_info(json.loads(outcome.content))
-                except ValueError:
+                except (ValueError, RecursionError):
                     kind = outcome.headers.get("content-type", "unknown content-type")
                     cause = f"not JSON ({kind})"
             elif isinstance(outcome, Reply):
@@ -445,9 +445,12 @@ class Call:
         if reply.is_success:
             try:
                 body = json.loads(reply.content)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
                 kind = reply.headers.get("content-type", "unknown content-type")
-                head = reply.content[:200].decode("utf-8", errors="replace")
+                content = reply.content
+                if core._api_key:  # whole, before the cut below could split it
+                    content = content.replace(core._api_key.encode(), b"***")
+                head = content[:200].decode("utf-8", errors="replace")
                 snippet = scrub(head, [self.query, *batch], core._api_key, limit=60)
                 return _Attempt(error=self._not_ours(f"not valid JSON ({kind}): {snippet!r}"))
             try:
@@ -455,7 +458,9 @@ class Call:
                     core._format, body, reply.headers, n_texts=n, expected=expected
                 )
             except RerankProtocolError as exc:
-                detail = core._redact(str(exc)).removeprefix(f"{core.provider}: ")
+                # The detail may quote a value from the body: a document echoed as an index.
+                said = str(exc).removeprefix(f"{core.provider}: ")
+                detail = scrub(said, [self.query, *batch], core._api_key)
                 return _Attempt(error=self._not_ours(detail))
             return _Attempt(parsed=parsed)
         status = reply.status_code

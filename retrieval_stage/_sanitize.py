@@ -6,7 +6,8 @@ and spans carry no query or document text (also with ``OPENINFERENCE_HIDE_INPUTS
 text from a server goes through `server_text` before any `RerankError` quotes it:
 
 - the API key is replaced first, in the raw bytes and after decoding (a server may echo it,
-  JSON-escaped or not), before anything cuts the text (a cut key would survive);
+  JSON-escaped or not), before anything cuts the text (a cut key would survive); then any run
+  of `KEY_MIN_CHARS` characters of it (a half-masked quote of the key);
 - the provider's own message is picked out (`providers.error_message`: status words, error
   type, FastAPI's ``msg``) with FastAPI's ``input`` fields dropped;
 - in its free text (not FastAPI's ``type`` and ``loc``, the server's own names), any run of
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 
 from .providers import error_message
 
-__all__ = ["ECHOED", "ECHO_MIN_CHARS", "LIMIT", "scrub", "server_text"]
+__all__ = ["ECHOED", "ECHO_MIN_CHARS", "KEY_MIN_CHARS", "LIMIT", "scrub", "server_text"]
 
 ECHO_MIN_CHARS = 10
 """The shortest run of the caller's text that counts as an echo: about two words. Shorter runs
@@ -49,24 +50,40 @@ def _haystack(sent: Sequence[str]) -> str:
     return _SEP.join(forms)
 
 
+KEY_MIN_CHARS = 8
+"""The shortest run of the API key that counts as an echo of it: a server that quotes a key
+half-masked (``sk-live-ABCD****6789``) still gives away what it shows."""
+
+
 def scrub(text: str, sent: Sequence[str], secret: str | None = None, limit: int = LIMIT) -> str:
     """`text` with `secret` and every echo of `sent` replaced, cut to `limit` characters."""
-    cleaned = _scrub(text[: limit * 2], _haystack(sent), secret)
+    cleaned = _scrub(text, _haystack(sent), secret, limit * 2)
     return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
 
 
-def _scrub(text: str, hay: str, secret: str | None) -> str:
+def _scrub(text: str, hay: str, secret: str | None, window: int = LIMIT * 2) -> str:
+    """`text`'s first `window` characters (all that can be quoted: cutting first bounds the
+    work by the window, not by the body's size) with the key and echoes replaced."""
     if secret:
-        text = text.replace(secret, "***")
-    n = ECHO_MIN_CHARS
+        text = text.replace(secret, "***")  # whole, before the cut can split it
+    text = text[:window]
+    if secret:
+        text = _mask_runs(text, secret, KEY_MIN_CHARS, "***")
+    return _mask_runs(text, hay, ECHO_MIN_CHARS, ECHOED)
+
+
+def _mask_runs(text: str, hay: str, n: int, replacement: str) -> str:
+    """`text` with every run of `n` or more characters that also occurs in `hay` replaced."""
+    if not hay or len(text) < n:
+        return text
     out: list[str] = []
     i = 0
     while i < len(text):
-        if hay and i + n <= len(text) and _SEP not in text[i : i + n] and text[i : i + n] in hay:
+        if i + n <= len(text) and _SEP not in text[i : i + n] and text[i : i + n] in hay:
             j = i + n
             while j < len(text) and text[i : j + 1] in hay:
                 j += 1
-            out.append(ECHOED)
+            out.append(replacement)
             i = j
         else:
             out.append(text[i])

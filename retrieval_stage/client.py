@@ -75,6 +75,16 @@ class _ClientBase(ClientCore[H]):
         )
 
 
+def _environment_proxies() -> bool:
+    """Whether HTTP_PROXY, HTTPS_PROXY or ALL_PROXY (any case) configure a proxy."""
+    import os
+
+    return any(
+        os.environ.get(name) or os.environ.get(name.lower())
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+    )
+
+
 class RerankClient(_ClientBase[httpx.Client]):
     """Synchronous rerank client; sub-batches go one after another.
 
@@ -83,6 +93,12 @@ class RerankClient(_ClientBase[httpx.Client]):
     """
 
     def _new_http(self) -> httpx.Client:
+        # Our transport caps every socket read at the call's deadline. httpx builds proxy
+        # routes from HTTP(S)_PROXY only for its own transport, so where a proxy is configured
+        # the client keeps httpx's (the deadline is then checked between reads, as with a
+        # caller's own http_client) rather than silently going around the proxy.
+        if _environment_proxies():
+            return httpx.Client()
         return httpx.Client(transport=DeadlineTransport())
 
     @classmethod
@@ -269,12 +285,12 @@ class AsyncRerankClient(_ClientBase[httpx.AsyncClient]):
         if len(fork.flows) == 1:
             return [await self._drive(call, fork.flows[0], limiter)]
         results: list[Pairs | None] = [None] * len(fork.flows)
-        failures: list[RerankError] = []
+        failures: list[Exception] = []
 
         async def run(i: int, flow: Flow) -> None:
             try:
                 results[i] = await self._drive(call, flow, limiter)
-            except RerankError as exc:
+            except Exception as exc:  # any failure, raised bare as the sync client does
                 failures.append(exc)
                 tg.cancel_scope.cancel()
 

@@ -9,7 +9,7 @@ request headers, and server text has the key replaced before it is quoted.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "RerankClientClosedError",
@@ -51,6 +51,9 @@ class RerankTransportError(RerankError):
         self.kind: TransportKind = kind
         self.cause = cause
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self),), {"kind": self.kind, "cause": self.cause})
+
 
 class RerankStatusError(RerankError):
     """The server answered with a non-2xx status.
@@ -67,6 +70,10 @@ class RerankStatusError(RerankError):
         detail = f": {server_message}" if server_message else ""
         super().__init__(f"{who} answered HTTP {status_code}{detail}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Picklable (process pools, queue log handlers) with its attributes.
+        return (_status_error, (self.status_code, self.server_message, self.provider))
+
 
 class RerankProtocolError(RerankError):
     """The server answered 2xx, but the body breaks the provider's contract.
@@ -78,3 +85,8 @@ class RerankProtocolError(RerankError):
 class RerankClientClosedError(RerankError):
     """The client can no longer send: it was closed, or (async) the event loop it was used in
     has closed. The message says what to do; the stage falls back as for any rerank failure."""
+
+
+def _status_error(status_code: int, server_message: str, provider: str) -> RerankStatusError:
+    """Rebuilds a pickled `RerankStatusError`."""
+    return RerankStatusError(status_code, server_message, provider=provider)

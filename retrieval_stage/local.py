@@ -124,9 +124,16 @@ class _InProcessModel:
 
     def load(self) -> None:
         """Load the model now (idempotent); `RerankError` says why it could not be loaded."""
+        self._loaded()
+
+    def _loaded(self) -> Any:
+        """The loaded model, loading it first if needed. Callers keep the returned object:
+        a `close()` from another thread between two reads of the attribute cannot leave them
+        holding None."""
         with self._lock:
             if self._encoder is None:
                 self._encoder = self._load()
+            return self._encoder
 
     def close(self) -> None:
         """Drop the loaded model, so its memory can be freed; the next call loads it again."""
@@ -268,9 +275,9 @@ class CrossEncoderReranker(_InProcessModel):
         kept, texts, cap = snapshot(query, items, text, top_k)
         if not texts:
             return []
-        self.load()
+        encoder = self._loaded()
         try:
-            raw = self._encoder.predict(
+            raw = encoder.predict(
                 [(query, t) for t in texts],
                 batch_size=self.batch_size,
                 show_progress_bar=False,
@@ -434,7 +441,7 @@ class EmbeddingReranker(_InProcessModel):
         """Normalised float32 embeddings of `texts` (one row each) as the query or documents."""
         import numpy as np
 
-        encoder = self._encoder
+        encoder = self._loaded()
         method = getattr(encoder, f"encode_{role}", None) or encoder.encode
         try:
             vectors = method(

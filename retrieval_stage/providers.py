@@ -463,7 +463,7 @@ def batch_cap(content: bytes, sent: int) -> int | None:
     """
     try:
         body = json.loads(content)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
         body = None
     detail = body.get("detail") if isinstance(body, dict) else None
     for entry in detail if isinstance(detail, list) else ():
@@ -498,10 +498,13 @@ def _fastapi_detail(detail: list[Any], clean: Callable[[str], str]) -> str:
             parts.append(clean(json.dumps(_without_echo(entry))))
             continue
         kind, msg, loc = entry.get("type"), entry.get("msg"), entry.get("loc")
-        msg = clean(msg) if isinstance(msg, str) else msg
+        # All of it is cleaned: only `msg` should be free text, but a server decides.
+        if msg is not None:
+            msg = clean(msg if isinstance(msg, str) else json.dumps(_without_echo(msg)))
+        kind = clean(str(kind)) if kind else kind
         text = f"{kind}: {msg}" if kind and msg else str(msg or kind or "")
         if isinstance(loc, list) and loc:
-            text += f" (at {'.'.join(str(part) for part in loc)})"
+            text += f" (at {clean('.'.join(str(part) for part in loc))})"
         parts.append(text)
     return "; ".join(parts)
 
@@ -519,8 +522,13 @@ def error_message(content: bytes, limit: int = 500, clean: Callable[[str], str] 
     text = content.decode("utf-8", errors="replace").strip()
     try:
         body = json.loads(text)
-    except ValueError:
+        return _message(body, clean)[:limit]
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to walk: as text
         return clean(text)[:limit]
+
+
+def _message(body: Any, clean: Callable[[str], str]) -> str:
+    """The provider's own message out of a decoded error body (see `error_message`)."""
     message: Any = None
     if isinstance(body, dict):
         error = body.get("error")
@@ -532,8 +540,8 @@ def error_message(content: bytes, limit: int = 500, clean: Callable[[str], str] 
         if message is None:
             message = body.get("message", body.get("detail"))
     if isinstance(message, list):
-        return _fastapi_detail(message, clean)[:limit]
+        return _fastapi_detail(message, clean)
     if message is None:
-        return clean(json.dumps(_without_echo(body)))[:limit]
+        return clean(json.dumps(_without_echo(body)))
     text_out = message if isinstance(message, str) else json.dumps(_without_echo(message))
-    return clean(text_out)[:limit]
+    return clean(text_out)

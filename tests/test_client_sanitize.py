@@ -228,3 +228,119 @@ def test_batch_size_refusal_reads_tei_and_pydantic_wording() -> None:
     assert batch_size_refusal("batch size 64 > maximum allowed batch size 32") == 32
     assert batch_size_refusal("List should have at most 100 items after validation, not 300") == 100
     assert batch_size_refusal("something else") is None
+
+
+# -- what a review found: partial keys, cut windows, protocol details, size, nesting ---------
+
+
+def _pieces(secret: str, n: int = 8) -> list[str]:
+    return [secret[i : i + n] for i in range(len(secret) - n + 1)]
+
+
+def test_a_half_masked_echo_of_the_key_is_replaced() -> None:
+    """OpenAI-style 401s quote the key with its middle starred: what they show is still the key."""
+    shown = f"Incorrect API key provided: {SECRET[:12]}****{SECRET[-4:]}"
+    http = httpx.Client(transport=handler_answering(401, {"error": {"message": shown}}))
+    with (
+        RerankClient("http://r.test", provider="vllm", http_client=http, api_key=SECRET) as c,
+        pytest.raises(RerankStatusError) as caught,
+    ):
+        c.rerank(QUERY, DOCS)
+    for piece in _pieces(SECRET):
+        assert piece not in str(caught.value)
+    assert "Incorrect API key provided" in caught.value.server_message
+
+
+def test_a_key_at_the_edge_of_a_cut_non_json_answer_is_not_left_in_half() -> None:
+    body = (("x" * 150) + " " + SECRET).encode()
+    http = httpx.Client(
+        transport=httpx.MockTransport(
+            lambda r: httpx.Response(200, content=body, headers={"content-type": "text/plain"})
+        )
+    )
+    with (
+        RerankClient("http://r.test", http_client=http, api_key=SECRET) as c,
+        pytest.raises(RerankError) as caught,
+    ):
+        c.rerank(QUERY, DOCS)
+    for piece in _pieces(SECRET):
+        assert piece not in str(caught.value)
+
+
+def test_a_document_echoed_inside_a_malformed_result_is_not_quoted() -> None:
+    """A protocol error quotes the offending value: here the server put a document there."""
+    http = httpx.Client(
+        transport=handler_answering(200, [{"index": DOCS[1], "score": 0.3}, {"index": 0}])
+    )
+    with (
+        capture_logs() as logs,
+        RerankClient("http://r.test", http_client=http) as c,
+        pytest.raises(RerankError) as caught,
+    ):
+        c.rerank(QUERY, DOCS)
+    assert_no_marker(caught.value, logs)
+    assert "not a tei response" in str(caught.value)
+
+
+def test_only_what_can_be_quoted_is_cleaned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 30 KB error page against 1,000 documents: the cleaning sees at most two messages' worth
+    of text, so its cost is bounded by that, not by the size of the page."""
+    from retrieval_stage import _sanitize
+
+    seen: list[int] = []
+    real = _sanitize._mask_runs
+
+    def spy(text: str, hay: str, n: int, replacement: str) -> str:
+        seen.append(len(text))
+        return real(text, hay, n, replacement)
+
+    monkeypatch.setattr(_sanitize, "_mask_runs", spy)
+    page = ("<p>gateway error</p>" * 1500).encode()
+    http = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(502, content=page)))
+    documents = [f"document number {i} with some words in it" for i in range(1000)]
+    with (
+        RerankClient("http://r.test", http_client=http, max_retries=0, batch_size=1000) as c,
+        pytest.raises(RerankStatusError),
+    ):
+        c.rerank(QUERY, documents)
+    assert seen
+    assert max(seen) <= 2 * _sanitize.LIMIT
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_absurdly_nested_json_is_a_rerank_error_not_a_recursion_error(status: int) -> None:
+    body = b"[" * 100_000 + b"]" * 100_000
+    http = httpx.Client(
+        transport=httpx.MockTransport(lambda r: httpx.Response(status, content=body))
+    )
+    with (
+        RerankClient("http://r.test", http_client=http, max_retries=0) as c,
+        pytest.raises(RerankError),
+    ):
+        c.rerank(QUERY, DOCS)
+
+
+def test_errors_survive_pickling_with_their_attributes() -> None:
+    import pickle
+
+    from retrieval_stage import RerankTransportError
+
+    status = pickle.loads(pickle.dumps(RerankStatusError(503, "busy", provider="tei")))
+    assert (status.status_code, status.server_message, status.provider) == (503, "busy", "tei")
+    transport = pickle.loads(pickle.dumps(RerankTransportError("m", kind="connect", cause="X")))
+    assert (transport.kind, transport.cause, str(transport)) == ("connect", "X", "m")
+
+
+async def test_an_unexpected_error_in_a_split_async_call_is_raised_bare() -> None:
+    """Not wrapped in an ExceptionGroup: the sync client raises it bare too."""
+
+    def boom(request: httpx.Request) -> httpx.Response:
+        raise ValueError("transport bug")
+
+    async with AsyncRerankClient(
+        "http://r.test",
+        http_client=httpx.AsyncClient(transport=httpx.MockTransport(boom)),
+        batch_size=1,
+    ) as c:
+        with pytest.raises(ValueError, match="transport bug"):
+            await c.rerank(QUERY, DOCS)

@@ -224,3 +224,19 @@ def test_repr_hides_the_api_key() -> None:
         assert "api_key=<set>" in repr(client)
     finally:
         client.close()
+
+
+def test_the_sync_client_goes_through_a_configured_proxy(
+    wm: WireMock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP_PROXY is honoured as the async client (httpx) honours it: here the "proxy" is the
+    session's WireMock, which serves a request for another host by its path."""
+    wm.stub_json("/proxied/rerank", [{"index": 1, "score": 0.9}, {"index": 0, "score": 0.1}])
+    monkeypatch.setenv("HTTP_PROXY", wm.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    with RerankClient("http://rerank.invalid/proxied") as client:
+        assert client.rerank("q", ["a", "b"]) == [("b", 0.9), ("a", 0.1)]
+    (request,) = wm.requests("/proxied/rerank")
+    headers = {k.lower(): v for k, v in request["headers"].items()}
+    assert headers["host"] == "rerank.invalid"
