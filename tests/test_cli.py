@@ -8,12 +8,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from typer.testing import CliRunner, Result
 
 from retrieval_stage.cli import app
@@ -33,13 +31,6 @@ TEI_OUT_OF_ORDER = [
     {"index": 0, "score": 0.42},
     {"index": 1, "score": 0.13},
 ]
-
-
-@pytest.fixture(autouse=True)
-def _reset_logging() -> Iterator[None]:
-    """The command configures structlog for its run; give the next test the defaults back."""
-    yield
-    structlog.reset_defaults()
 
 
 def clean_env(**extra: str) -> dict[str, str]:

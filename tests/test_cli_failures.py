@@ -24,7 +24,6 @@ from retrieval_stage.errors import (
 from .conftest import WireMock
 from .test_cli import (
     CANDIDATES,
-    _reset_logging,  # noqa: F401 - autouse: structlog back to defaults after each test
     flat,
     invoke,
 )

@@ -17,7 +17,6 @@ from retrieval_stage.models import Candidate, Reranked
 from retrieval_stage.pipeline import compare_ranks
 
 from .test_cli import (
-    _reset_logging,  # noqa: F401 - autouse: structlog back to defaults after each test
     flat,
     invoke,
 )

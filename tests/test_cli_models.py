@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from ._minilm import EncodeCounter, packaged_path, reference_cosines, reuse_packaged_model
-from .test_cli import (  # _reset_logging: autouse, gives later tests structlog back
+from .test_cli import (
     CANDIDATES,
-    _reset_logging,  # noqa: F401
     flat,
     invoke,
     jsonl,

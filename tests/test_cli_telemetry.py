@@ -16,7 +16,6 @@ import pytest
 
 from .test_cli import (
     CANDIDATES,
-    _reset_logging,  # noqa: F401 - autouse: structlog back to defaults after each test
     invoke,
     run_script,
 )
