@@ -3,7 +3,7 @@
 ``python -m benchmarks.encoder [--rounds N] [--profile]``
 
 Encodes the same finished spans with ``encode_spans(spans).SerializePartialToString()`` (the
-SDK's OTLP/HTTP exporter does exactly this) and with `retrieval_stage.otlp_encoder`, in
+SDK's OTLP/HTTP exporter does exactly this) and with `retrieval_stage.telemetry.otlp_encoder`, in
 interleaved rounds so both see the same machine load, and prints the median process CPU per
 span of each and their ratio. Two workloads: one 50-document RERANKER span as `RerankStage`
 writes it (a fake reranker, no HTTP), and a 64-span batch of such spans (what a
@@ -65,7 +65,7 @@ def _cpu_per_call_us(fn: Callable[[], object], calls: int) -> float:
 
 def compare(spans: Sequence[ReadableSpan], rounds: int, calls: int) -> dict[str, float]:
     """Median CPU µs per span of each encoder over interleaved rounds (order alternating)."""
-    from retrieval_stage.otlp_encoder import encode_spans_fast, sdk_serialize_spans
+    from retrieval_stage.telemetry.otlp_encoder import encode_spans_fast, sdk_serialize_spans
 
     assert encode_spans_fast(spans) == sdk_serialize_spans(spans), "outputs differ"
     contenders: dict[str, Callable[[], object]] = {
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
-    from retrieval_stage.otlp_encoder import encode_spans_fast
+    from retrieval_stage.telemetry.otlp_encoder import encode_spans_fast
 
     one = reranker_spans(1)
     batch = reranker_spans(64)

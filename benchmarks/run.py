@@ -256,7 +256,7 @@ def traced_provider(server: LocalServer, *, fast: bool = True) -> Any:
     timed block it works in the background as it does in a long-running service, rather than
     all at the closing `force_flush`. The work per span is the same either way.
     """
-    from retrieval_stage.otlp_exporter import FAST_OTLP_ENV
+    from retrieval_stage.telemetry.otlp_exporter import FAST_OTLP_ENV
     from retrieval_stage.telemetry import configure_tracing, otlp_span_exporter
 
     os.environ["OTEL_BSP_SCHEDULE_DELAY"] = BSP_SCHEDULE_DELAY_MS
@@ -598,7 +598,7 @@ def _their_span(co: Any, texts: list[str]) -> tuple[int, int]:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from retrieval_stage.otlp_encoder import encode_spans_fast
+    from retrieval_stage.telemetry.otlp_encoder import encode_spans_fast
     from retrieval_stage.telemetry import DEFAULT_SPAN_ATTRIBUTE_LIMIT
 
     exporter = InMemorySpanExporter()  # configure_tracing's limits, so nothing is evicted
@@ -942,7 +942,7 @@ def breakdown(server: LocalServer, scale: Scale) -> dict[str, Any]:
 
     from retrieval_stage import RerankStage
     from retrieval_stage.models import Reranked, RerankResponse
-    from retrieval_stage.otlp_encoder import encode_spans_fast, sdk_serialize_spans
+    from retrieval_stage.telemetry.otlp_encoder import encode_spans_fast, sdk_serialize_spans
     from retrieval_stage.spans import document_attributes
     from retrieval_stage.stage import map_results
     from retrieval_stage.telemetry import DEFAULT_SPAN_ATTRIBUTE_LIMIT

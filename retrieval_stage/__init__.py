@@ -7,6 +7,7 @@ when the reranker fails.
 
 from ._version import __version__
 from .client import AsyncRerankClient, RerankClient
+from .client.providers import PROVIDERS
 from .errors import (
     RerankClientClosedError,
     RerankError,
@@ -17,7 +18,6 @@ from .errors import (
 from .models import Candidate, Reranked, RerankResponse, Usage
 from .null import AsyncNullReranker, NullReranker
 from .protocols import AsyncReranker, Reranker
-from .providers import PROVIDERS
 from .stage import RerankStage
 
 __all__ = [

@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import validate
 from ._log import get_logger
-from .client import AsyncRerankClient, RerankClient, masked_url
+from ._redact import masked_url
+from .client import AsyncRerankClient, RerankClient
+from .client.providers import PROVIDERS, check_required_fields
 from .null import AsyncNullReranker, NullReranker
-from .providers import PROVIDERS, check_required_fields
 from .validate import BatchSize, InvalidSetting
 
 __all__ = [

@@ -18,6 +18,7 @@ __all__ = [
     "JsonLineError",
     "candidate_fields",
     "check_id",
+    "check_unicode",
     "json_lines",
     "json_object",
     "json_type",
@@ -78,7 +79,7 @@ def check_id(value: Any, key: str) -> str:
         raise ValueError(f'"{key}" must be a string, got {json_type(value)}')
     if not value.strip():
         raise ValueError(f'"{key}" must not be empty')
-    _check_unicode(value, key)
+    check_unicode(value, key)
     return value
 
 
@@ -107,11 +108,11 @@ def candidate_fields(
     elif not text.strip():
         raise ValueError('"text" must not be empty')
     else:
-        _check_unicode(text, "text")
+        check_unicode(text, "text")
     return ident, text, _score(record.get("score")), _metadata(record.get("metadata"))
 
 
-def _check_unicode(value: str, key: str) -> None:
+def check_unicode(value: str, key: str) -> None:
     if value.isascii():
         return
     try:

@@ -17,36 +17,16 @@ degraded trace as healthy. The call itself still returns its (recall-ordered) re
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol
 
-from openinference.instrumentation import (
-    TraceConfig,
-    get_input_attributes,
-    get_output_attributes,
-    get_retriever_attributes,
-    get_span_kind_attributes,
-)
-from openinference.semconv.trace import OpenInferenceSpanKindValues
-from opentelemetry import trace
-from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, TracerProvider
-from opentelemetry.util.types import AttributeValue
+from openinference.instrumentation import TraceConfig
+from opentelemetry.trace import TracerProvider
 
-from ._otel_private import tracing_suppressed
-from ._version import __version__
 from .models import Candidate, Reranked, recall_order
-from .spans import (
-    ATTR_CANCELLED,
-    ATTR_DOCUMENTS,
-    ATTR_FALLBACK,
-    attribute_limit,
-    cap_content,
-    context_attributes,
-    metadata_json,
-)
+from .spans.keys import ATTR_RECALL, ATTR_RECALL_K, ATTR_RETRIEVAL_OMITTED
+from .spans.pipeline import PipelineSpans
 from .stage import RerankStage
 
 __all__ = [
@@ -60,15 +40,7 @@ __all__ = [
     "compare_ranks",
 ]
 
-ATTR_RECALL = "retrieval_stage.recall"
-"""The recall method's name (``bm25``, or the class name of a user's `Recall`)."""
-ATTR_RECALL_K = "retrieval_stage.recall_k"
-"""How many candidates recall was asked for."""
-ATTR_RETRIEVAL_OMITTED = "retrieval_stage.retrieval_documents.omitted"
-"""Recalled documents left off the RETRIEVER span because the attribute limit was reached."""
 
-
-@runtime_checkable
 class Recall(Protocol):
     """First-stage retrieval: a query in, up to `k` candidates with recall scores out.
 
@@ -197,8 +169,12 @@ class Pipeline:
         self.stage = stage
         self.recall_k = recall_k
         self.trace_config = trace_config or stage.trace_config
-        self._tracer = trace.get_tracer(
-            "retrieval_stage", __version__, tracer_provider=tracer_provider
+        self._spans = PipelineSpans(
+            tracer_provider,
+            trace_config=self.trace_config,
+            max_content_length=stage.max_content_length,
+            recall_name=self.recall_name,
+            recall_k=recall_k,
         )
 
     def __repr__(self) -> str:
@@ -213,116 +189,40 @@ class Pipeline:
     def run(self, query: str) -> PipelineResult:
         """Recall, then rerank; the CHAIN span covers both."""
         _check_query(query)
-        with self._chain(query) as span:
-            with self._retriever(query) as retriever_span:
+        with self._spans.chain(query) as span:
+            with self._spans.retriever(query) as retriever_span:
                 recalled = self._checked(self.recall.recall(query, self.recall_k))
-                self._record_documents(retriever_span, recalled)
-            results, cause = self.stage._run(query, recalled)
-            return self._finish(span, query, recalled, results, cause)
+                self._spans.record_documents(retriever_span, recalled)
+            outcome = self.stage.run_outcome(query, recalled)
+            return self._finish(span, query, recalled, outcome.outputs, outcome.fallback_cause)
 
     async def arun(self, query: str) -> PipelineResult:
         """Async `run`: recall runs in a worker thread, the stage with `RerankStage.arun`."""
         _check_query(query)
-        with self._chain(query) as span:
-            with self._retriever(query) as retriever_span:
+        with self._spans.chain(query) as span:
+            with self._spans.retriever(query) as retriever_span:
                 found = await asyncio.to_thread(self.recall.recall, query, self.recall_k)
                 recalled = self._checked(found)
-                self._record_documents(retriever_span, recalled)
-            results, cause = await self.stage._arun(query, recalled)
-            return self._finish(span, query, recalled, results, cause)
-
-    # -- spans -------------------------------------------------------------------------------
-
-    def _chain(self, query: str) -> Any:
-        return self._started("pipeline", OpenInferenceSpanKindValues.CHAIN, query)
-
-    def _retriever(self, query: str) -> Any:
-        return self._started("recall", OpenInferenceSpanKindValues.RETRIEVER, query)
-
-    @contextmanager
-    def _started(self, name: str, kind: OpenInferenceSpanKindValues, query: str) -> Iterator[Span]:
-        """A current span of `kind` with the query, then the context attributes; none (the
-        invalid span) under suppression."""
-        if tracing_suppressed():
-            yield INVALID_SPAN
-            return
-        attributes = {
-            **self._masked({**get_span_kind_attributes(kind), **self._input(query)}),
-            **context_attributes(),
-        }
-        with (
-            self._tracer.start_as_current_span(name, attributes=attributes) as span,
-            _cancellation_marked(span),
-        ):
-            yield span
-
-    def _input(self, query: str) -> dict[str, Any]:
-        """The query and the recall's name, capped at the stage's `max_content_length`."""
-        cap = self.stage.max_content_length
-        return {
-            **get_input_attributes(cap_content(query, cap), mime_type="text/plain"),
-            ATTR_RECALL: cap_content(self.recall_name, cap),
-            ATTR_RECALL_K: self.recall_k,
-        }
-
-    def _record_documents(self, span: Span, recalled: list[Candidate]) -> None:
-        """The recalled documents, head first, as many as the span's attribute limit allows."""
-        if not span.is_recording():
-            return
-        span.set_attribute(ATTR_DOCUMENTS, len(recalled))
-        limit = attribute_limit(span)
-        used = len(getattr(span, "attributes", None) or {})
-        budget = None if limit is None else limit - used - 1  # one slot for the omitted count
-        documents = [_document(c, self.stage.max_content_length) for c in recalled]
-        kept = 0
-        if budget is None:
-            kept = len(documents)
-        else:
-            for document in documents:
-                size = len(get_retriever_attributes(documents=[document]))
-                if size > budget:
-                    break
-                budget -= size
-                kept += 1
-        attributes = self._masked(get_retriever_attributes(documents=documents[:kept]))
-        if kept < len(recalled):
-            attributes[ATTR_RETRIEVAL_OMITTED] = len(recalled) - kept
-        span.set_attributes(attributes)
+                self._spans.record_documents(retriever_span, recalled)
+            outcome = await self.stage.arun_outcome(query, recalled)
+            return self._finish(span, query, recalled, outcome.outputs, outcome.fallback_cause)
 
     def _finish(
         self,
-        span: Span,
+        span: Any,
         query: str,
         recalled: list[Candidate],
         results: list[Reranked],
         fallback_cause: str | None,
     ) -> PipelineResult:
+        self._spans.finish_chain(span, results, fallback_cause)
         context = span.get_span_context()
-        if span.is_recording():
-            cap = self.stage.max_content_length
-            value, mime_type = _output_value(
-                [cap_content(r.candidate.id, cap) for r in results], cap
-            )
-            attributes = self._masked(get_output_attributes(value, mime_type=mime_type))
-            attributes[ATTR_FALLBACK] = fallback_cause is not None
-            span.set_attributes(attributes)
-            if fallback_cause is not None:
-                span.set_status(Status(StatusCode.ERROR, fallback_cause))
         return PipelineResult(
             query=query,
             recalled=recalled,
             results=results,
             trace_id=format(context.trace_id, "032x") if context.is_valid else None,
         )
-
-    def _masked(self, attributes: Mapping[str, Any]) -> dict[str, AttributeValue]:
-        """The attributes after ``OPENINFERENCE_HIDE_*`` masking; hidden ones are dropped."""
-        out: dict[str, AttributeValue] = {}
-        for key, value in attributes.items():
-            masked = self.trace_config.mask(key, value)
-            if masked is not None:
-                out[key] = masked
-        return out
 
     def _checked(self, found: Any) -> list[Candidate]:
         """Recall's output as a list of at most `recall_k` candidates, or TypeError."""
@@ -336,45 +236,6 @@ class Pipeline:
         return recalled[: self.recall_k]
 
 
-@contextmanager
-def _cancellation_marked(span: Span) -> Iterator[None]:
-    """End `span` as ERROR "cancelled" when an `arun` is cancelled inside it.
-
-    `CancelledError` is not an `Exception`, so the span manager would end the span as if all
-    went well (as `RerankStage.arun` does for its own span).
-    """
-    try:
-        yield
-    except asyncio.CancelledError:
-        span.set_status(Status(StatusCode.ERROR, "cancelled"))
-        span.set_attribute(ATTR_CANCELLED, True)
-        raise
-
-
 def _check_query(query: str) -> None:
     if not isinstance(query, str):
         raise TypeError(f"query must be a str, got {type(query).__name__}")
-
-
-def _document(candidate: Candidate, max_content_length: int) -> Any:
-    """An OpenInference `Document` for the RETRIEVER span, capped and sanitised exactly like
-    the RERANKER span's documents (`spans.cap_content`, `spans.metadata_json`)."""
-    document: dict[str, Any] = {
-        "id": cap_content(candidate.id, max_content_length),
-        "content": cap_content(candidate.text, max_content_length),
-    }
-    if candidate.score is not None:
-        document["score"] = candidate.score
-    if candidate.metadata:
-        document["metadata"] = metadata_json(candidate.metadata, max_content_length)
-    return document
-
-
-def _output_value(
-    ids: Sequence[str], max_bytes: int
-) -> tuple[str, Literal["application/json", "text/plain"]]:
-    """(value, mime type) for the CHAIN span's output: the result ids as a JSON list, or, when
-    that is longer than `max_bytes`, its capped text (no longer JSON, so ``text/plain``)."""
-    text = json.dumps(list(ids), ensure_ascii=False)
-    capped = cap_content(text, max_bytes)
-    return (text, "application/json") if capped == text else (capped, "text/plain")

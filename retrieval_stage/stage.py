@@ -13,57 +13,29 @@ import inspect
 import math
 import numbers
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
 from openinference.instrumentation import TraceConfig
-from openinference.semconv.trace import (
-    OpenInferenceMimeTypeValues,
-    RerankerAttributes,
-    SpanAttributes,
-)
-from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
-from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, TracerProvider
+from opentelemetry.trace import TracerProvider
 
 from . import validate
 from ._log import get_logger
-from ._otel_private import tracing_suppressed
-from ._version import __version__
 from .errors import RerankError, RerankProtocolError
 from .metrics import RerankMetrics
-from .models import Candidate, Reranked, RerankResponse, Usage, recall_order
-from .spans import (
-    ATTR_BATCHES,
-    ATTR_CANCELLED,
-    ATTR_FALLBACK,
-    ATTR_REQUESTS,
-    ATTR_RETRIES,
-    ATTR_TOP1_CHANGED,
-    ATTR_USAGE_SEARCH_UNITS,
-    ATTR_USAGE_TOTAL_TOKENS,
-    DEFAULT_MAX_CONTENT_BYTES,
-    cap_content,
-    context_attributes,
-    fallback_description,
-    fit_head,
-    identity_attributes,
-    outcome_attributes,
-    output_content_from_env,
-    output_value,
-)
+from .models import Candidate, Reranked, RerankResponse, recall_order
+from .spans.content import DEFAULT_MAX_CONTENT_BYTES
+from .spans.reranker import RerankerSpan, RerankerSpans, output_content_from_env
 
-__all__ = ["RerankStage"]
+__all__ = ["RerankStage", "StageOutcome", "map_results"]
 
 log = get_logger("retrieval_stage.stage")
 
 OnError = Literal["fallback", "raise"]
 
-_JSON_MIME = OpenInferenceMimeTypeValues.JSON.value
 
-
-class Outcome(NamedTuple):
+class StageOutcome(NamedTuple):
     """What one stage call returned, and why it fell back (None when it did not)."""
 
     outputs: list[Reranked]
@@ -175,10 +147,13 @@ class RerankStage:
         self.output_content = (
             output_content_from_env() if output_content is None else output_content
         )
-        self._tracer = trace.get_tracer(
-            "retrieval_stage", __version__, tracer_provider=tracer_provider
+        self._spans = RerankerSpans(
+            tracer_provider,
+            trace_config=self.trace_config,
+            max_content_length=max_content_length,
+            output_content=self.output_content,
         )
-        self._metrics = _make_metrics(meter_provider)
+        self._metrics = RerankMetrics(meter_provider)
         self._is_async = inspect.iscoroutinefunction(reranker.rerank)
 
     def __repr__(self) -> str:
@@ -189,115 +164,143 @@ class RerankStage:
 
     # -- public API --------------------------------------------------------------------------
 
-    def run(self, query: str, candidates: Sequence[Candidate]) -> list[Reranked]:
-        """Rerank `candidates` for `query`; best first. One RERANKER span per call."""
-        return self._run(query, candidates).outputs
+    def run(
+        self, query: str, candidates: Sequence[Candidate], *, top_k: int | None = None
+    ) -> list[Reranked]:
+        """Rerank `candidates` for `query`; best first. One RERANKER span per call.
 
-    async def arun(self, query: str, candidates: Sequence[Candidate]) -> list[Reranked]:
+        `top_k` overrides the stage's for this call (0: all); None keeps the stage's."""
+        return self.run_outcome(query, candidates, top_k=top_k).outputs
+
+    async def arun(
+        self, query: str, candidates: Sequence[Candidate], *, top_k: int | None = None
+    ) -> list[Reranked]:
         """Async `run`; a sync reranker runs in a worker thread so the event loop stays free."""
-        return (await self._arun(query, candidates)).outputs
+        return (await self.arun_outcome(query, candidates, top_k=top_k)).outputs
 
-    def _run(self, query: str, candidates: Sequence[Candidate]) -> Outcome:
+    def run_outcome(
+        self, query: str, candidates: Sequence[Candidate], *, top_k: int | None = None
+    ) -> StageOutcome:
         """`run`, also saying why it fell back (the `Pipeline` puts that on its CHAIN span)."""
         if self._is_async:
             raise TypeError("this stage wraps an async reranker: use `await stage.arun(...)`")
         cands = _checked(query, candidates)
-        with self._span(query, cands) as span:
+        k = self._top_k(top_k)
+        with self._start(query, cands, k) as span:
             started = time.perf_counter()
             try:
-                response = self._call(query, cands)
+                response = self._call(query, cands, k)
             except RerankError as exc:
-                return self._failed(span, cands, exc, started)
-            return self._succeeded(span, cands, response, started)
+                return self._failed(span, cands, exc, started, k)
+            return self._succeeded(span, cands, response, started, k)
 
-    async def _arun(self, query: str, candidates: Sequence[Candidate]) -> Outcome:
+    async def arun_outcome(
+        self, query: str, candidates: Sequence[Candidate], *, top_k: int | None = None
+    ) -> StageOutcome:
         """`arun`, also saying why it fell back."""
         cands = _checked(query, candidates)
-        with self._span(query, cands) as span:
+        k = self._top_k(top_k)
+        with self._start(query, cands, k) as span:
             started = time.perf_counter()
             try:
                 if self._is_async:
-                    response = await self._acall(query, cands)
+                    response = await self._acall(query, cands, k)
                 else:
-                    response = await asyncio.to_thread(self._call, query, cands)
+                    response = await asyncio.to_thread(self._call, query, cands, k)
             except RerankError as exc:
-                return self._failed(span, cands, exc, started)
+                return self._failed(span, cands, exc, started, k)
             except asyncio.CancelledError:
-                # Not an Exception, so the span manager would end the span as if all went well.
-                span.set_status(Status(StatusCode.ERROR, "cancelled"))
-                span.set_attribute(ATTR_CANCELLED, True)
+                span.cancelled()
                 raise
-            return self._succeeded(span, cands, response, started)
+            return self._succeeded(span, cands, response, started, k)
 
     # -- the call ----------------------------------------------------------------------------
 
-    def _call(self, query: str, cands: list[Candidate]) -> RerankResponse[Candidate]:
+    def _top_k(self, given: int | None) -> int | None:
+        """The call's cut: `given` when set (0: all), else the stage's."""
+        if given is None:
+            return self.top_k
+        return validate.top_k(given) or None
+
+    def _start(self, query: str, cands: list[Candidate], top_k: int | None) -> Any:
+        return self._spans.start(
+            query,
+            cands,
+            model_name=self.model_name or _attr(self.reranker, "model_name"),
+            top_k=top_k,
+            provider=_attr(self.reranker, "provider"),
+        )
+
+    def _call(
+        self, query: str, cands: list[Candidate], top_k: int | None
+    ) -> RerankResponse[Candidate]:
         if not cands:
             return RerankResponse(results=[])
         detailed = getattr(self.reranker, "rerank_response", None)
         if callable(detailed):
-            result: RerankResponse[Candidate] = detailed(query, cands, text=_text, top_k=self.top_k)
+            result: RerankResponse[Candidate] = detailed(query, cands, text=_text, top_k=top_k)
             return result
         reranker = self.reranker  # sync here: checked by `run`
-        return RerankResponse(results=reranker.rerank(query, cands, text=_text, top_k=self.top_k))
+        return RerankResponse(results=reranker.rerank(query, cands, text=_text, top_k=top_k))
 
-    async def _acall(self, query: str, cands: list[Candidate]) -> RerankResponse[Candidate]:
+    async def _acall(
+        self, query: str, cands: list[Candidate], top_k: int | None
+    ) -> RerankResponse[Candidate]:
         if not cands:
             return RerankResponse(results=[])
         detailed = getattr(self.reranker, "rerank_response", None)
         if callable(detailed):
             result: RerankResponse[Candidate] = await detailed(
-                query, cands, text=_text, top_k=self.top_k
+                query, cands, text=_text, top_k=top_k
             )
             return result
         reranker = self.reranker  # async here: checked by `arun`
-        return RerankResponse(
-            results=await reranker.rerank(query, cands, text=_text, top_k=self.top_k)
-        )
+        return RerankResponse(results=await reranker.rerank(query, cands, text=_text, top_k=top_k))
 
     # -- outcomes ----------------------------------------------------------------------------
 
     def _succeeded(
         self,
-        span: Span,
+        span: RerankerSpan,
         cands: list[Candidate],
         response: RerankResponse[Candidate],
         started: float,
-    ) -> Outcome:
+        top_k: int | None,
+    ) -> StageOutcome:
         try:
-            mapped = map_results(cands, response.results, self.top_k)
+            mapped = map_results(cands, response.results, top_k)
         except RerankProtocolError as exc:
             exc.requests, exc.retries = response.requests, response.retries
             exc.batches = response.batches
-            return self._failed(span, cands, exc, started)
-        if self.top_k is not None:
-            mapped = mapped[: self.top_k]
+            return self._failed(span, cands, exc, started, top_k)
+        if top_k is not None:
+            mapped = mapped[:top_k]
         if self.min_score is not None:
             mapped = [(i, s) for i, s in mapped if s >= self.min_score]
         outputs = [Reranked(cands[i], s, i) for i, s in mapped]
         top1_changed = bool(outputs) and outputs[0].input_index != recall_order(cands)[0]
         model = self.model_name or response.model or _attr(self.reranker, "model_name")
-        if span.is_recording():
-            stats: dict[str, Any] = {
-                ATTR_FALLBACK: False,
-                ATTR_TOP1_CHANGED: top1_changed,
-                ATTR_REQUESTS: response.requests,
-                ATTR_RETRIES: response.retries,
-                ATTR_BATCHES: response.batches,
-            }
-            stats.update(_usage_attributes(response.usage))
-            self._finish_span(span, cands, outputs, stats, model, fell_back=False)
+        span.succeeded(
+            outputs,
+            model=model,
+            top1_changed=top1_changed,
+            requests=response.requests,
+            retries=response.retries,
+            batches=response.batches,
+            usage=response.usage,
+        )
         self._record(started, cands, response, "ok", top1_changed, model)
-        return Outcome(outputs, None)
+        return StageOutcome(outputs, None)
 
     def _failed(
-        self, span: Span, cands: list[Candidate], exc: RerankError, started: float
-    ) -> Outcome:
-        """Fall back to recall order, or re-raise (the span manager then records the error).
-
-        The fallback span gets no output documents: the reranker produced none, and recall
-        scores under the reranker's "score" label would pass them off as rerank scores.
-        """
+        self,
+        span: RerankerSpan,
+        cands: list[Candidate],
+        exc: RerankError,
+        started: float,
+        top_k: int | None,
+    ) -> StageOutcome:
+        """Fall back to recall order, or re-raise (the span manager then records the error)."""
         model = self.model_name or _attr(self.reranker, "model_name")
         log.warning(
             "rerank.fallback" if self.on_error == "fallback" else "rerank.failed",
@@ -307,108 +310,20 @@ class RerankStage:
             provider=_attr(self.reranker, "provider"),
             model=model,
         )
-        outcome = "fallback" if self.on_error == "fallback" else "error"
         spent: RerankResponse[Candidate] = RerankResponse(
             results=[], requests=exc.requests, retries=exc.retries, batches=exc.batches
         )
-        stats: dict[str, Any] = {
-            "error.type": type(exc).__name__,
-            ATTR_REQUESTS: exc.requests,
-            ATTR_RETRIES: exc.retries,
-            ATTR_BATCHES: exc.batches,
-        }
         if self.on_error == "raise":
-            if span.is_recording():
-                stats[ATTR_FALLBACK] = False
-                self._finish_span(span, cands, None, stats, model, fell_back=False)
-            self._record(started, cands, spent, outcome, None, model)
+            span.raised(exc, model=model)
+            self._record(started, cands, spent, "error", None, model)
             raise exc
-        cause = fallback_description(exc, self.max_content_length)
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, cause))
         order = recall_order(cands)
-        if self.top_k is not None:
-            order = order[: self.top_k]
+        if top_k is not None:
+            order = order[:top_k]
         outputs = [Reranked(cands[i], cands[i].score, i, reranked=False) for i in order]
-        if span.is_recording():
-            stats.update({ATTR_FALLBACK: True, ATTR_TOP1_CHANGED: False})
-            self._finish_span(span, cands, outputs, stats, model, fell_back=True)
-        self._record(started, cands, spent, outcome, False, model)
-        return Outcome(outputs, cause)
-
-    # -- telemetry ---------------------------------------------------------------------------
-
-    @contextmanager
-    def _span(self, query: str, cands: list[Candidate]) -> Iterator[Span]:
-        """The RERANKER span, current while the reranker runs; its identity is set first, so
-        no limit can evict it, then the context attributes that fit. Under suppression, no span:
-        the invalid span, whose every method is a no-op."""
-        if tracing_suppressed():
-            yield INVALID_SPAN
-            return
-        attributes = identity_attributes(
-            query=query,
-            model_name=self.model_name or _attr(self.reranker, "model_name"),
-            top_k=self.top_k,
-            provider=_attr(self.reranker, "provider"),
-            documents=len(cands),
-            config=self.trace_config,
-            max_bytes=self.max_content_length,
-        )
-        with self._tracer.start_as_current_span(
-            "rerank",
-            attributes=attributes,
-            record_exception=True,
-            set_status_on_exception=True,
-        ) as span:
-            if span.is_recording():
-                extra = context_attributes()
-                if extra:
-                    span.set_attributes(fit_head(span, extra))
-            yield span
-
-    def _finish_span(
-        self,
-        span: Span,
-        cands: list[Candidate],
-        outputs: list[Reranked] | None,
-        stats: dict[str, Any],
-        model: str | None,
-        *,
-        fell_back: bool,
-    ) -> None:
-        """Outcome attributes, then as many documents as fit, in one call. `outputs` None: the
-        call raised, so there is no output. Never raises: telemetry must not turn a good rerank
-        into an error."""
-        try:
-            if model is not None:
-                stats[RerankerAttributes.RERANKER_MODEL_NAME] = cap_content(
-                    model, self.max_content_length
-                )
-            config = self.trace_config
-            if outputs is not None:
-                value = config.mask(
-                    SpanAttributes.OUTPUT_VALUE,
-                    output_value(outputs, fell_back=fell_back, max_bytes=self.max_content_length),
-                )
-                if value is not None:
-                    stats[SpanAttributes.OUTPUT_VALUE] = value
-                mime_type = config.mask(SpanAttributes.OUTPUT_MIME_TYPE, _JSON_MIME)
-                if mime_type is not None:
-                    stats[SpanAttributes.OUTPUT_MIME_TYPE] = mime_type
-            span.set_attributes(
-                outcome_attributes(
-                    span,
-                    stats,
-                    cands,
-                    () if outputs is None or fell_back else outputs,
-                    config=config,
-                    max_content_length=self.max_content_length,
-                    output_content=self.output_content,
-                )
-            )
-        except Exception as exc:  # pragma: no cover - defensive; see test_stage
-            log.warning("rerank.span_attributes_failed", caused_by=type(exc).__name__)
+        cause = span.fell_back(exc, outputs, model=model)
+        self._record(started, cands, spent, "fallback", False, model)
+        return StageOutcome(outputs, cause)
 
     def _record(
         self,
@@ -442,15 +357,6 @@ def _attr(obj: Any, name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _usage_attributes(usage: Usage) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if usage.total_tokens is not None:
-        out[ATTR_USAGE_TOTAL_TOKENS] = usage.total_tokens
-    if usage.search_units is not None:
-        out[ATTR_USAGE_SEARCH_UNITS] = usage.search_units
-    return out
-
-
 def _checked(query: str, candidates: Sequence[Candidate]) -> list[Candidate]:
     """Validate the stage's input before anything else happens; nothing is lost on error."""
     if not isinstance(query, str):
@@ -462,7 +368,3 @@ def _checked(query: str, candidates: Sequence[Candidate]) -> list[Candidate]:
                 f"candidate {i} must be a retrieval_stage.Candidate, got {type(candidate).__name__}"
             )
     return cands
-
-
-def _make_metrics(meter_provider: MeterProvider | None) -> RerankMetrics:
-    return RerankMetrics(meter_provider)

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from retrieval_stage.cli.render import changes_table
-from retrieval_stage.corpus import load_corpus
+from retrieval_stage.evaluation.corpus import load_corpus
 from retrieval_stage.evaluation import EvalInputError, read_candidates, read_qrels
 from retrieval_stage.jsonl import JsonLineError, candidate_fields, json_lines
 from retrieval_stage.models import Candidate, Reranked

@@ -198,7 +198,7 @@ def test_grpc_without_the_extra_is_a_usage_error_naming_the_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from retrieval_stage import telemetry
-    from retrieval_stage.otlp import GRPC_EXTRA_HINT, OtlpExtraMissingError
+    from retrieval_stage.telemetry.otlp import GRPC_EXTRA_HINT, OtlpExtraMissingError
 
     def missing(*args: object, **kwargs: object) -> None:
         raise OtlpExtraMissingError(f"OTLP over gRPC (traces) needs grpcio: {GRPC_EXTRA_HINT}")

@@ -23,7 +23,7 @@ from retrieval_stage import (
     RerankStatusError,
     RerankTransportError,
 )
-from retrieval_stage._deadline_io import DeadlineTransport, httpx_error
+from retrieval_stage.client.deadline_io import DeadlineTransport, httpx_error
 from retrieval_stage.errors import RerankClientClosedError, RerankError
 
 from .conftest import WireMock

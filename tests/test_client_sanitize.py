@@ -17,8 +17,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from retrieval_stage import AsyncRerankClient, RerankClient, RerankError, RerankStatusError
-from retrieval_stage._sanitize import ECHO_MIN_CHARS, scrub
-from retrieval_stage.providers import batch_cap, batch_size_refusal
+from retrieval_stage._redact import ECHO_MIN_CHARS, scrub
+from retrieval_stage.client.providers import batch_cap, batch_size_refusal
 
 QMARK = "Qmarker7f3a9b"
 DMARK = "Dmarker0c2e55"
@@ -285,7 +285,7 @@ def test_a_document_echoed_inside_a_malformed_result_is_not_quoted() -> None:
 def test_only_what_can_be_quoted_is_cleaned(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 30 KB error page against 1,000 documents: the cleaning sees at most two messages' worth
     of text, so its cost is bounded by that, not by the size of the page."""
-    from retrieval_stage import _sanitize
+    from retrieval_stage import _redact as _sanitize
 
     seen: list[int] = []
     real = _sanitize._mask_runs

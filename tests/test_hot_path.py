@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import NoOpTracerProvider
 
-import retrieval_stage.spans as spans_module
+import retrieval_stage.spans.fit as fit_module
+import retrieval_stage.spans.reranker as reranker_spans
 import retrieval_stage.stage as stage_module
 from retrieval_stage import (
     AsyncRerankClient,
@@ -47,14 +48,13 @@ def doc_attribute_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Count calls of `outcome_attributes` (the end-of-call attributes, documents included),
     under both names the stage could reach it by."""
     calls: list[int] = []
-    real = spans_module.outcome_attributes
+    real = fit_module.outcome_attributes
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(spans_module, "outcome_attributes", counting)
-    monkeypatch.setattr(stage_module, "outcome_attributes", counting)
+    monkeypatch.setattr(reranker_spans, "outcome_attributes", counting)
     return calls
 
 
@@ -206,7 +206,7 @@ def test_a_recording_span_gets_its_end_attributes_in_one_call(
 def test_document_keys_past_the_precomputed_bound_name_their_position() -> None:
     from opentelemetry.sdk.trace import SpanLimits
 
-    n = spans_module.KEY_CACHE_BOUND + 10
+    n = fit_module.KEY_CACHE_BOUND + 10
     cands = [Candidate(f"doc-{i}", f"t{i}", float(i)) for i in range(n)]
     exporter = InMemorySpanExporter()
     provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=SpanLimits.UNSET))
@@ -214,7 +214,7 @@ def test_document_keys_past_the_precomputed_bound_name_their_position() -> None:
     RerankStage(ByLength(), tracer_provider=provider).run("q", cands)
     (span,) = exporter.get_finished_spans()
     attributes = span.attributes or {}
-    for i in (0, spans_module.KEY_CACHE_BOUND - 1, spans_module.KEY_CACHE_BOUND, n - 1):
+    for i in (0, fit_module.KEY_CACHE_BOUND - 1, fit_module.KEY_CACHE_BOUND, n - 1):
         assert attributes[f"reranker.input_documents.{i}.document.id"] == f"doc-{i}"
         assert attributes[f"reranker.input_documents.{i}.document.score"] == float(i)
     # ByLength: longer text first, then input order; position 0 of the output is doc-1000.

@@ -48,7 +48,7 @@ NEVER_LOADED = tuple(name for name in EXTRAS if name not in ("click", "rich", "p
 CORE = (
     "retrieval_stage",
     "retrieval_stage.client",
-    "retrieval_stage.providers",
+    "retrieval_stage.client.providers",
     "retrieval_stage.stage",
     "retrieval_stage.spans",
     "retrieval_stage.pipeline",

@@ -203,7 +203,7 @@ async def test_async_twin_scores_in_a_thread_and_maps_the_same(tiny_model: Path)
 
 
 def test_the_packaged_bi_encoder_is_refused_as_a_cross_encoder() -> None:
-    from retrieval_stage.model_source import NotACrossEncoderError
+    from retrieval_stage.local.model_source import NotACrossEncoderError
 
     from ._minilm import packaged_path
 
@@ -218,7 +218,7 @@ def test_the_packaged_bi_encoder_is_refused_as_a_cross_encoder() -> None:
 
 
 def test_a_plain_encoder_directory_is_refused(tmp_path: Path, tiny_model: Path) -> None:
-    from retrieval_stage.model_source import NotACrossEncoderError, check_cross_encoder
+    from retrieval_stage.local.model_source import NotACrossEncoderError, check_cross_encoder
 
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -233,7 +233,7 @@ def test_a_plain_encoder_directory_is_refused(tmp_path: Path, tiny_model: Path) 
 
 
 def test_a_trained_cross_encoder_is_accepted(tmp_path: Path, tiny_model: Path) -> None:
-    from retrieval_stage.model_source import check_cross_encoder
+    from retrieval_stage.local.model_source import check_cross_encoder
 
     check_cross_encoder(tiny_model)  # architectures: BertForSequenceClassification
     sentence_transformers_cross_encoder = tmp_path / "st-cross-encoder"
@@ -252,7 +252,7 @@ def test_a_trained_cross_encoder_is_accepted(tmp_path: Path, tiny_model: Path) -
 def test_a_cross_encoder_not_on_disk_fails_fast_when_offline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from retrieval_stage.model_source import ModelUnavailableError
+    from retrieval_stage.local.model_source import ModelUnavailableError
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     reranker = CrossEncoderReranker("someone/not-downloaded-cross-encoder")

@@ -20,7 +20,8 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 
-from retrieval_stage.metrics import RerankMetrics, configure_metrics
+from retrieval_stage.metrics import RerankMetrics
+from retrieval_stage.telemetry import configure_metrics
 
 OK_CALL: dict[str, Any] = {
     "duration_s": 0.042,

@@ -13,7 +13,7 @@ from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.trace import INVALID_SPAN
 
-from retrieval_stage import _otel_private
+from retrieval_stage.spans import otel_private as _otel_private
 
 
 @pytest.mark.parametrize("limit", [7, 128, 2048])

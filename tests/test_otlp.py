@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from retrieval_stage.otlp import OtlpExtraMissingError, otlp_target, shown_endpoint
+from retrieval_stage._redact import shown_url as shown_endpoint
+from retrieval_stage.telemetry.otlp import OtlpExtraMissingError, otlp_target
 
 OTLP_ENV = (
     "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -171,7 +172,7 @@ class NoGrpc(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, NoGrpc())
 import retrieval_stage.telemetry as telemetry  # must work without grpcio
 import retrieval_stage.metrics as metrics_module
-from retrieval_stage.otlp import OtlpExtraMissingError
+from retrieval_stage.telemetry.otlp import OtlpExtraMissingError
 
 provider = telemetry.configure_tracing("no-grpc", endpoint="http://127.0.0.1:9")  # http works
 for build in (
@@ -229,6 +230,6 @@ def test_http_telemetry_does_not_import_grpc() -> None:
     ],
 )
 def test_shown_endpoint_never_shows_credentials(given: str, shown: str) -> None:
-    from retrieval_stage.otlp import shown_endpoint
+    from retrieval_stage._redact import shown_url as shown_endpoint
 
     assert shown_endpoint(given) == shown

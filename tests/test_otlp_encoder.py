@@ -40,13 +40,13 @@ from opentelemetry.trace import (
 
 from retrieval_stage import Candidate, RerankStage, otlp_encoder
 from retrieval_stage.errors import RerankTransportError
-from retrieval_stage.otlp_encoder import (
+from retrieval_stage.telemetry.otlp_encoder import (
     UnsupportedValue,
     encode_spans_fast,
     sdk_serialize_spans,
     serialize_spans,
 )
-from retrieval_stage.otlp_exporter import FAST_OTLP_ENV, FastOTLPSpanExporter
+from retrieval_stage.telemetry.otlp_exporter import FAST_OTLP_ENV, FastOTLPSpanExporter
 
 from .fakes import Failing, Reverse
 
@@ -496,7 +496,7 @@ def test_switched_off_the_exporter_never_calls_the_fast_encoder(
     def forbidden(spans: Sequence[ReadableSpan]) -> bytes:
         raise AssertionError("fast encoder used while switched off")
 
-    monkeypatch.setattr("retrieval_stage.otlp_exporter.serialize_spans", forbidden)
+    monkeypatch.setattr("retrieval_stage.telemetry.otlp_exporter.serialize_spans", forbidden)
     monkeypatch.setenv(FAST_OTLP_ENV, "0")
     spans = one_span({"k": "v"})
     assert FastOTLPSpanExporter(endpoint=receiver.url).export(spans) is SpanExportResult.SUCCESS

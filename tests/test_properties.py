@@ -34,7 +34,7 @@ from retrieval_stage import (
     RerankProtocolError,
     RerankStage,
 )
-from retrieval_stage.providers import PROVIDERS, WireFormat, expected_results, parse_response
+from retrieval_stage.client.providers import PROVIDERS, WireFormat, expected_results, parse_response
 
 MISSING = object()
 

@@ -28,7 +28,7 @@ from retrieval_stage import (
     RerankStatusError,
     Usage,
 )
-from retrieval_stage.providers import (
+from retrieval_stage.client.providers import (
     WireFormat,
     build_request,
     error_message,

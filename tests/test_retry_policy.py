@@ -15,8 +15,9 @@ import httpx
 import pytest
 
 from retrieval_stage import RerankClient, RerankStatusError, RerankTransportError
-from retrieval_stage import client as client_module
-from retrieval_stage.retry import (
+from retrieval_stage.client import core as client_core
+from retrieval_stage.client import sync as sync_client
+from retrieval_stage.client.retry import (
     BACKOFF_BASE_S,
     BACKOFF_MAX_S,
     Deadline,
@@ -279,7 +280,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     """A fake clock that the client's sleeps advance, so retries take no real time."""
     fake = FakeClock()
     shim = types.SimpleNamespace(sleep=fake.advance, time=lambda: NOW + fake.now, monotonic=fake)
-    monkeypatch.setattr(client_module, "time", shim)
+    monkeypatch.setattr(sync_client, "time", shim)
+    monkeypatch.setattr(client_core, "time", shim)
     return fake
 
 

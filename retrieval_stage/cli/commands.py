@@ -137,7 +137,7 @@ def demo(
     if not query.strip():
         fail(EXIT_USAGE, "the query must not be empty")
     check_text(query, "the query")
-    from ..corpus import load_corpus
+    from ..evaluation.corpus import load_corpus
     from ..pipeline import Pipeline
     from .recall import make_recall
 
@@ -221,8 +221,8 @@ def _repeat(
     import itertools
     import time
 
-    from ..corpus import data_path
     from ..evaluation import read_queries
+    from ..evaluation.corpus import data_path
 
     queries = [*read_queries(data_path("example/queries.tsv")).values(), query]
     stderr = err()
@@ -470,9 +470,15 @@ def _eval_inputs(
 ) -> _EvalInputs:
     """The eval files (default: the bundled example), read and checked; exit 2 naming the
     file and line of the first problem. Without --candidates, recall finds them later."""
-    from ..corpus import EXAMPLE_CANDIDATES, EXAMPLE_QRELS, EXAMPLE_QUERIES, data_path, load_corpus
     from ..evaluation import EvalInputError, read_qrels, read_queries
     from ..evaluation import read_candidates as read_pools
+    from ..evaluation.corpus import (
+        EXAMPLE_CANDIDATES,
+        EXAMPLE_QRELS,
+        EXAMPLE_QUERIES,
+        data_path,
+        load_corpus,
+    )
 
     if (queries is None) != (qrels is None) or (candidates is not None and queries is None):
         fail(
@@ -511,7 +517,7 @@ def _eval_inputs(
 def _embed_corpus(corpus: list[Candidate], chosen: Chosen) -> None:
     """Fill the embedding reranker's cache with the corpus's document embeddings, from disk
     after the first run, so each query's rerank costs one query embedding."""
-    from ..dense import DenseRecall
+    from ..recall import DenseRecall
     from .recall import index_corpus
 
     index_corpus(DenseRecall(corpus, embedder=chosen.embedder))

@@ -8,7 +8,6 @@ Every cell and message goes out as Rich `Text`, never markup: ids and texts are 
 from __future__ import annotations
 
 from typing import NoReturn
-from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
@@ -24,8 +23,6 @@ __all__ = [
     "fail",
     "note",
     "out",
-    "scrubbed",
-    "shown_url",
 ]
 
 EXIT_FAILURE = 1
@@ -60,31 +57,3 @@ def fail(code: int, message: str, *details: str) -> NoReturn:
 def note(console: Console, message: str, style: str = "dim") -> None:
     """One line of commentary (which reranker ran, where spans went)."""
     console.print(Text(message, style=style))
-
-
-def shown_url(url: str) -> str:
-    """`url` as the command prints it: ``user:password@`` masked, query and fragment dropped.
-
-    An endpoint may carry a credential in either place (``?key=...`` for some gateways); what
-    is printed lands in terminals, CI logs and bug reports.
-    """
-    from ..otlp import shown_endpoint
-
-    return shown_endpoint(url)
-
-
-def scrubbed(message: str, url: str | None) -> str:
-    """`message` with `url`'s password, query string and fragment replaced by ``***``.
-
-    Error messages can quote the URL (a client's own check, a service echoing the request).
-    """
-    if not url:
-        return message
-    parts = urlsplit(url)
-    # A token may stand alone as the username (https://TOKEN@host).
-    secrets = [url, str(parts.password or parts.username or ""), parts.query, parts.fragment]
-    message = message.replace(url, shown_url(url))
-    for secret in sorted(secrets[1:], key=len, reverse=True):
-        if len(secret) >= 3:  # a one- or two-character "secret" would mangle the message
-            message = message.replace(secret, "***")
-    return message

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._redact import scrubbed_message, shown_url
 from ..errors import RerankError, RerankProtocolError, RerankStatusError, RerankTransportError
-from .console import COMPOSE_UP, scrubbed, shown_url
+from .console import COMPOSE_UP
 
 __all__ = [
     "MAX_BACKOFF_S",
@@ -123,7 +124,7 @@ def describe(
         return Failure(f"the reranker failed: {exc}")
     where = shown_url(base_url)
     if isinstance(exc, RerankStatusError):
-        said = scrubbed(exc.server_message, base_url).strip()
+        said = scrubbed_message(exc.server_message, base_url).strip()
         detail = f": {said}" if said else " with no message"
         return Failure(
             f"{where} answered HTTP {exc.status_code}{detail}", _STATUS_HINTS.get(exc.status_code)
@@ -132,7 +133,7 @@ def describe(
         name = "TEI" if provider in (None, "tei") else provider
         return Failure(
             f"{where} answered something that is not a {name} response: "
-            f"{scrubbed(str(exc), base_url)}"
+            f"{scrubbed_message(str(exc), base_url)}"
         )
     if isinstance(exc, RerankTransportError):
         kind = transport_kind(exc)
@@ -144,8 +145,8 @@ def describe(
                 f"could not connect to {where}",
                 f"is the service up? For a local TEI: {COMPOSE_UP}",
             )
-        return Failure(f"the connection to {where} failed: {scrubbed(str(exc), base_url)}")
-    return Failure(f"{where}: {scrubbed(str(exc), base_url)}")
+        return Failure(f"the connection to {where} failed: {scrubbed_message(str(exc), base_url)}")
+    return Failure(f"{where}: {scrubbed_message(str(exc), base_url)}")
 
 
 def backoff_s(failures: int, interval: float) -> float:

@@ -18,8 +18,8 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from ..client.providers import PROVIDERS
 from ..config import LOCAL
-from ..providers import PROVIDERS
 
 __all__ = [
     "DEFAULT_TELEMETRY_TIMEOUT_S",

@@ -40,7 +40,7 @@ def make_recall(choice: RecallChoice, documents: Sequence[Candidate], chosen: Ch
 
     if choice is RecallChoice.bm25:
         return Recall(BM25Recall(documents), "BM25", "bm25")
-    from ..dense import DenseRecall, HybridRecall
+    from ..recall import DenseRecall, HybridRecall
 
     embedder = recall_embedder(chosen)
     dense = DenseRecall(documents, embedder=embedder)

@@ -19,11 +19,12 @@ from typing import Any
 
 from rich.text import Text
 
+from .._redact import scrubbed_message, shown_url
 from ..client import RerankClient
 from ..config import LOCAL, RerankSettings, make_reranker
 from ..errors import RerankError
 from ..validate import InvalidSetting
-from .console import COMPOSE_HINT, EXIT_FAILURE, EXIT_USAGE, err, fail, scrubbed, shown_url
+from .console import COMPOSE_HINT, EXIT_FAILURE, EXIT_USAGE, err, fail
 from .options import OPTION_OF_FIELD, RerankerChoice, RerankOptions
 
 __all__ = ["Chosen", "choose_reranker", "quiet_model_loading", "recall_embedder", "settings_of"]
@@ -86,7 +87,7 @@ def settings_of(options: RerankOptions) -> RerankSettings:
         )
     except InvalidSetting as exc:
         option = OPTION_OF_FIELD.get(exc.field, exc.field)
-        fail(EXIT_USAGE, f"{option}: {scrubbed(exc.reason, options.endpoint)}")
+        fail(EXIT_USAGE, f"{option}: {scrubbed_message(exc.reason, options.endpoint)}")
 
 
 def choose_reranker(options: RerankOptions) -> Chosen:
@@ -121,7 +122,7 @@ def _endpoint(settings: RerankSettings) -> Chosen:
     try:
         client = make_reranker(settings, strict=True)
     except (TypeError, ValueError) as exc:  # the client's own checks
-        fail(EXIT_USAGE, scrubbed(str(exc), settings.endpoint))
+        fail(EXIT_USAGE, scrubbed_message(str(exc), settings.endpoint))
     assert isinstance(client, RerankClient)
     shown = f" model {settings.model}" if settings.model else ""
     label = f"{settings.provider} at {shown_url(client.base_url)}{shown}"
@@ -150,7 +151,7 @@ def reason_text(reasons: list[str | None]) -> str:
 
 def _lexical(reason: str | None = None) -> Chosen:
     from ..local import INSTALL_HINT, LexicalReranker, local_available
-    from ..model_source import DEFAULT_EMBEDDING_MODEL
+    from ..local.model_source import DEFAULT_EMBEDDING_MODEL
 
     why = f"{reason}. " if reason else ""
     if local_available():  # the extra is there: only the models are missing
@@ -175,7 +176,7 @@ def _cross_encoder(
     """The cross-encoder from config's factory, loaded now: (chosen, None, False); else
     (None, why not, whether the model is a bi-encoder). `strict` exits instead."""
     from ..local import DEFAULT_LOCAL_MODEL, INSTALL_HINT, local_available
-    from ..model_source import NotACrossEncoderError, hub_answers, hub_endpoint, hub_offline
+    from ..local.model_source import NotACrossEncoderError, hub_answers, hub_endpoint, hub_offline
 
     name = settings.model or DEFAULT_LOCAL_MODEL
     if not local_available():
@@ -217,7 +218,7 @@ def _cross_encoder(
 
 def _on_disk(model: str) -> bool:
     """Whether `model` loads with no network: a directory, a model package, the HF cache."""
-    from ..model_source import cached_model_dir, packaged_model_path
+    from ..local.model_source import cached_model_dir, packaged_model_path
 
     if Path(model).expanduser().is_dir():
         return True

@@ -19,8 +19,9 @@ from openinference.semconv.trace import SpanAttributes
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from .._shutdown import ShutdownReport
-from .console import EXIT_USAGE, err, fail, note, scrubbed
+from .._redact import scrubbed_message
+from ..telemetry.shutdown import ShutdownReport
+from .console import EXIT_USAGE, err, fail, note
 from .failure import Witness
 from .options import DEFAULT_TELEMETRY_TIMEOUT_S, SERVICE_NAME, RerankOptions
 from .reranker import Chosen, choose_reranker
@@ -126,7 +127,7 @@ class Tracing:
 
     def shutdown(self) -> None:
         """Write the local trace file, then flush traces and metrics under ONE deadline."""
-        from .._shutdown import shutdown_telemetry
+        from ..telemetry.shutdown import shutdown_telemetry
 
         for processor in self.flush_first:  # a local file: fast, and must not be cut short
             processor.force_flush()
@@ -165,7 +166,7 @@ class _Discard(SpanExporter):
 
 def _otlp_failure(what: str, exc: Exception, endpoint: str | None) -> NoReturn:
     """Exit 2 for OTLP settings that cannot work: an unknown protocol, gRPC without grpcio."""
-    fail(EXIT_USAGE, f"OTLP {what}: {scrubbed(str(exc), endpoint)}")
+    fail(EXIT_USAGE, f"OTLP {what}: {scrubbed_message(str(exc), endpoint)}")
 
 
 def start_tracing(
@@ -184,13 +185,18 @@ def start_tracing(
     """
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from ..otlp import OtlpExtraMissingError, otlp_endpoint_configured, otlp_target
     from ..telemetry import configure_tracing
-    from ..trace_file import OtlpJsonLinesExporter
+    from ..telemetry.otlp import (
+        OtlpExtraMissingError,
+        exporter_off,
+        otlp_endpoint_configured,
+        otlp_target,
+    )
+    from ..telemetry.trace_file import OtlpJsonLinesExporter
 
     destinations: list[Destination] = []
     flush_first: list[Any] = []
-    traces_on = otlp_endpoint_configured("traces") and not _exporter_off("TRACES")
+    traces_on = otlp_endpoint_configured("traces") and not exporter_off("TRACES")
     try:
         if traces_on:
             shown = otlp_target("traces").shown
@@ -242,18 +248,13 @@ def start_tracing(
     )
 
 
-def _exporter_off(signal: str) -> bool:
-    """``OTEL_<SIGNAL>_EXPORTER=none``: the standard switch for one signal's export."""
-    return os.environ.get(f"OTEL_{signal}_EXPORTER", "").strip().lower() == "none"
-
-
 def _start_metrics(shutdown_timeout: float) -> Any:
     """Rerank metrics over OTLP when an OTLP endpoint is set for them; else none."""
-    from ..otlp import OtlpExtraMissingError, otlp_endpoint_configured
+    from ..telemetry.otlp import OtlpExtraMissingError, exporter_off, otlp_endpoint_configured
 
-    if not otlp_endpoint_configured("metrics") or _exporter_off("METRICS"):
+    if not otlp_endpoint_configured("metrics") or exporter_off("METRICS"):
         return None
-    from ..metrics import configure_metrics
+    from ..telemetry import configure_metrics
 
     try:
         return configure_metrics(SERVICE_NAME, shutdown_timeout=shutdown_timeout)
@@ -279,7 +280,9 @@ def _logging(level: str, endpoint: str | None = None) -> None:
         return
 
     def scrub(_: Any, __: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
-        return {k: scrubbed(v, endpoint) if isinstance(v, str) else v for k, v in event.items()}
+        return {
+            k: scrubbed_message(v, endpoint) if isinstance(v, str) else v for k, v in event.items()
+        }
 
     *processors, renderer = structlog.get_config()["processors"]
     structlog.configure(processors=[*processors, scrub, renderer])

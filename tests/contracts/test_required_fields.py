@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from retrieval_stage import PROVIDERS, AsyncRerankClient, RerankClient
-from retrieval_stage.providers import check_required_fields
+from retrieval_stage.client.providers import check_required_fields
 
 # What each API's published request schema requires (tests/contracts/specs; vLLM and the
 # sidecar publish none: vLLM's FastAPI model defaults model to the served one).

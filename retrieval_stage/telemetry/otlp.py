@@ -2,7 +2,7 @@
 
 The SDK's exporters resolve their own environment only partly (``OTEL_EXPORTER_OTLP_PROTOCOL``
 is read by auto-configuration alone), and traces and metrics must follow the same rules, so
-both `telemetry.configure_tracing` and `metrics.configure_metrics` ask `otlp_target` and pass
+both `configure_tracing` and `configure_metrics` ask `otlp_target` and pass
 the result to the exporter explicitly. The rules are the OpenTelemetry specification's:
 
 - protocol: the argument, else ``OTEL_EXPORTER_OTLP_<SIGNAL>_PROTOCOL``, else
@@ -26,26 +26,29 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Literal
 
 from opentelemetry.util.re import parse_env_headers
 
-from ._args import masked_url
+from .._redact import shown_url
 
 __all__ = [
+    "DEFAULT_EXPORT_TIMEOUT_S",
+    "DEFAULT_SERVICE_NAME",
     "GRPC_EXTRA_HINT",
     "OtlpExtraMissingError",
     "OtlpTarget",
     "Signal",
-    "grpc_exporter_module",
+    "exporter_off",
     "otlp_endpoint_configured",
     "otlp_target",
-    "shown_endpoint",
 ]
 
 Signal = Literal["traces", "metrics"]
 Protocol = Literal["http/protobuf", "grpc"]
+
+DEFAULT_SERVICE_NAME = "retrieval-stage"
+DEFAULT_EXPORT_TIMEOUT_S = 5.0
 
 GRPC_EXTRA_HINT = "pip install 'retrieval-stage[grpc]'"
 """What to run when OTLP over gRPC is asked for without grpcio installed."""
@@ -53,10 +56,6 @@ GRPC_EXTRA_HINT = "pip install 'retrieval-stage[grpc]'"
 _DEFAULT_HTTP_BASE = "http://localhost:4318"
 _DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 _HTTP_ALIASES = frozenset({"http/protobuf", "http"})
-_GRPC_MODULES: Mapping[Signal, str] = {
-    "traces": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
-    "metrics": "opentelemetry.exporter.otlp.proto.grpc.metric_exporter",
-}
 
 
 class OtlpExtraMissingError(ImportError):
@@ -76,7 +75,7 @@ class OtlpTarget:
     @property
     def shown(self) -> str:
         """The endpoint as it may appear in logs: credentials, query and fragment removed."""
-        return shown_endpoint(self.endpoint)
+        return shown_url(self.endpoint)
 
 
 def _env(signal: Signal, suffix: str) -> str | None:
@@ -164,24 +163,6 @@ def otlp_endpoint_configured(signal: Signal) -> bool:
     )
 
 
-def grpc_exporter_module(signal: Signal) -> ModuleType:
-    """The SDK's OTLP/gRPC exporter module for `signal`, imported now (grpcio is optional).
-
-    Raises `OtlpExtraMissingError` naming the install command when grpcio or the gRPC exporter
-    is missing.
-    """
-    import importlib
-
-    try:
-        return importlib.import_module(_GRPC_MODULES[signal])
-    except ImportError as exc:
-        raise OtlpExtraMissingError(
-            f"OTLP over gRPC ({signal}) needs grpcio and the gRPC exporter: {GRPC_EXTRA_HINT}"
-            " (or set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf)"
-        ) from exc
-
-
-def shown_endpoint(url: str) -> str:
-    """`url` without ``user:password@`` (see `masked_url`), query or fragment: endpoints can
-    carry credentials in any of them."""
-    return str(masked_url(url)).split("#", 1)[0].split("?", 1)[0]
+def exporter_off(signal: str) -> bool:
+    """``OTEL_<SIGNAL>_EXPORTER=none``: the standard way to switch one signal's export off."""
+    return os.environ.get(f"OTEL_{signal}_EXPORTER", "").strip().lower() == "none"

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RerankProtocolError
-from .models import Usage
-from .validate import InvalidSetting
+from ..errors import RerankProtocolError
+from ..models import Usage
+from ..validate import InvalidSetting
 
 __all__ = [
     "PROVIDERS",

@@ -22,8 +22,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .jsonl import JsonLineError, candidate_fields, json_lines
-from .models import Candidate
+from ..jsonl import JsonLineError, candidate_fields, json_lines
+from ..models import Candidate
 
 __all__ = [
     "CORPUS_FILE",
@@ -208,7 +208,7 @@ def write_example_run(
 
     The example eval set's candidates: what recall found, for the reranker to reorder.
     """
-    from .recall import BM25Recall
+    from ..recall import BM25Recall
 
     recall = BM25Recall(documents)
     count = 0

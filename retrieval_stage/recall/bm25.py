@@ -12,7 +12,8 @@ import heapq
 from collections.abc import Sequence
 from typing import Any
 
-from .models import Candidate
+from ..models import Candidate
+from .arguments import check_query, check_unique_ids
 
 __all__ = ["BM25Recall"]
 
@@ -45,10 +46,7 @@ class BM25Recall:
         stopwords: str | None = "en",
     ) -> None:
         self.documents = list(documents)
-        ids = [d.id for d in self.documents]
-        if len(set(ids)) != len(ids):
-            duplicate = next(i for i in ids if ids.count(i) > 1)
-            raise ValueError(f"document ids must be unique; {duplicate!r} appears twice")
+        check_unique_ids(self.documents)
         self._stopwords = stopwords
         self._index = _bm25s().BM25(k1=k1, b=b)
         if self.documents:
@@ -72,10 +70,7 @@ class BM25Recall:
 
     def recall(self, query: str, k: int) -> list[Candidate]:
         """The best `k` documents for `query` with their BM25 scores, best first."""
-        if not isinstance(query, str):
-            raise TypeError(f"query must be a str, got {type(query).__name__}")
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be an int >= 1, got {k!r}")
+        check_query(query, k)
         (terms,) = self._tokenize([query])
         known = [t for t in terms if t in self._vocab]
         if not known or not self.documents:

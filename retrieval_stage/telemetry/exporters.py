@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from ._log import get_logger
+from .._log import get_logger
 from .otlp import GRPC_EXTRA_HINT, OtlpExtraMissingError, OtlpTarget, Signal
 
 if TYPE_CHECKING:

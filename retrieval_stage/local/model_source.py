@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import httpx
 
-from .errors import RerankError
+from ..errors import RerankError
 
 __all__ = [
     "DEFAULT_EMBEDDING_MODEL",
@@ -200,6 +200,22 @@ def display_name(model: str | os.PathLike[str] | None, default: str) -> str:
     return spec
 
 
+def on_disk(model: str | os.PathLike[str]) -> ModelSource | None:
+    """Where `model` lies on this machine, asking no network: a directory, an installed model
+    package, or the Hugging Face cache, in that order; None when it is in none of them."""
+    spec = os.fspath(model)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return ModelSource(str(path.resolve()), path.resolve().name, "directory")
+    packaged = packaged_model_path(spec)
+    if packaged is not None:
+        return ModelSource(str(packaged), _packaged_name(spec), "package")
+    cached = cached_model_dir(spec)
+    if cached is not None:
+        return ModelSource(str(cached), spec, "cache")
+    return None
+
+
 def resolve_model(
     model: str | os.PathLike[str] | None = None,
     *,
@@ -214,17 +230,11 @@ def resolve_model(
     `ModelUnavailableError` says what was looked for.
     """
     spec = default if model is None else os.fspath(model)
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return ModelSource(str(path.resolve()), path.resolve().name, "directory")
+    found = on_disk(spec)
+    if found is not None:
+        return found
     if _looks_like_path(spec):
         raise ModelUnavailableError(f"no model directory at {spec}")
-    packaged = packaged_model_path(spec)
-    if packaged is not None:
-        return ModelSource(str(packaged), _packaged_name(spec), "package")
-    cached = cached_model_dir(spec)
-    if cached is not None:
-        return ModelSource(str(cached), spec, "cache")
     if local_files_only:
         raise ModelUnavailableError(
             f"{spec} is not a model directory, not an installed model package and not in the "

@@ -1,4 +1,4 @@
-"""Dense recall with an embedding model, and hybrid recall fusing it with BM25.
+"""Dense recall with an embedding model.
 
 `DenseRecall` finds the documents whose embeddings are nearest the query's (cosine), so it
 finds answers that share no word with the question, which BM25 cannot. Embedding a corpus takes
@@ -6,11 +6,7 @@ a while on a CPU (about a minute for the bundled 1,538 documents), so the docume
 are kept on disk under the user's cache directory, keyed by the model and the corpus's texts,
 and a later run loads them in milliseconds.
 
-`HybridRecall` fuses BM25's and dense recall's rankings by reciprocal rank fusion (Cormack et
-al., 2009): each document scores ``sum(1 / (k + rank))`` over the rankings it appears in, with
-``k = 60``. It needs no score calibration between the two, and is robust where either fails.
-
-Both have `BM25Recall`'s shape: built over a list of `Candidate`s, `recall(query, k)` returns
+It has `BM25Recall`'s shape: built over a list of `Candidate`s, `recall(query, k)` returns
 copies of the best `k` with their score as `score`, best first. Needs the ``[local]`` extra.
 """
 
@@ -26,22 +22,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .models import Candidate
+from ..models import Candidate
+from .arguments import check_query, check_unique_ids
 
 if TYPE_CHECKING:
-    from .local import EmbeddingReranker
-    from .recall import BM25Recall
+    from ..local import EmbeddingReranker
 
-__all__ = [
-    "RRF_K",
-    "DenseRecall",
-    "HybridRecall",
-    "default_cache_dir",
-    "reciprocal_rank_fusion",
-]
-
-RRF_K = 60
-"""Reciprocal rank fusion's constant: damps the weight of the very first ranks (the paper's 60)."""
+__all__ = ["DenseRecall", "default_cache_dir"]
 
 _SPOT_CHECK_TOLERANCE = 1e-3
 """How far a re-embedded document may drift from its cached row (batching changes the last
@@ -59,21 +46,6 @@ def default_cache_dir() -> Path:
         base = os.environ.get("LOCALAPPDATA", "").strip()
     root = Path(base) if base else Path.home() / ".cache"
     return root / "retrieval-stage"
-
-
-def _check_query(query: str, k: int) -> None:
-    if not isinstance(query, str):
-        raise TypeError(f"query must be a str, got {type(query).__name__}")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k must be an int >= 1, got {k!r}")
-
-
-def _unique_ids(documents: Sequence[Candidate]) -> None:
-    seen: set[str] = set()
-    for document in documents:
-        if document.id in seen:
-            raise ValueError(f"document ids must be unique; {document.id!r} appears twice")
-        seen.add(document.id)
 
 
 def _corpus_hash(texts: Sequence[str]) -> str:
@@ -133,9 +105,9 @@ class DenseRecall:
         if embedder is not None and model is not None:
             raise ValueError("give either embedder or model, not both")
         self.documents = list(documents)
-        _unique_ids(self.documents)
+        check_unique_ids(self.documents)
         if embedder is None:
-            from .local import EmbeddingReranker
+            from ..local import EmbeddingReranker
 
             embedder = EmbeddingReranker(model)
         self.embedder = embedder
@@ -251,7 +223,7 @@ class DenseRecall:
         """
         import numpy as np
 
-        _check_query(query, k)
+        check_query(query, k)
         if not self.documents:
             return []
         scores = self.scores(query)
@@ -259,74 +231,3 @@ class DenseRecall:
         return [
             dataclasses.replace(self.documents[i], score=float(scores[i])) for i in order.tolist()
         ]
-
-
-def reciprocal_rank_fusion(
-    rankings: Sequence[Sequence[str]], *, k: int = RRF_K
-) -> list[tuple[str, float]]:
-    """Ids by their fused score ``sum(1 / (k + rank))`` (rank 1-based), best first.
-
-    Ties go to the id met first, reading the rankings in the order given. An id listed twice
-    in one ranking counts at its best rank.
-    """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k must be an int >= 0, got {k!r}")
-    fused: dict[str, float] = {}
-    for ranking in rankings:
-        seen: set[str] = set()
-        for rank, doc in enumerate(ranking, start=1):
-            if doc in seen:
-                continue
-            seen.add(doc)
-            fused[doc] = fused.get(doc, 0.0) + 1.0 / (k + rank)
-    first = {doc: i for i, doc in enumerate(fused)}
-    return sorted(fused.items(), key=lambda pair: (-pair[1], first[pair[0]]))
-
-
-class HybridRecall:
-    """BM25 and dense recall fused by reciprocal rank fusion; the fused score is `score`.
-
-    Each recaller contributes its best `depth` documents (default: ``max(k, 100)``): a document
-    deep in one list and high in the other still surfaces. `bm25` and `dense` should index the
-    same corpus; documents are matched by id.
-    """
-
-    name = "hybrid"
-
-    def __init__(
-        self,
-        bm25: BM25Recall,
-        dense: DenseRecall,
-        *,
-        rrf_k: int = RRF_K,
-        depth: int | None = None,
-    ) -> None:
-        if isinstance(rrf_k, bool) or not isinstance(rrf_k, int) or rrf_k < 0:
-            raise ValueError(f"rrf_k must be an int >= 0, got {rrf_k!r}")
-        if depth is not None and (
-            isinstance(depth, bool) or not isinstance(depth, int) or depth < 1
-        ):
-            raise ValueError(f"depth must be an int >= 1 or None, got {depth!r}")
-        self.bm25 = bm25
-        self.dense = dense
-        self.rrf_k = rrf_k
-        self.depth = depth
-
-    def __len__(self) -> int:
-        return len(self.dense)
-
-    def __repr__(self) -> str:
-        return f"HybridRecall({self.bm25!r}, {self.dense!r}, rrf_k={self.rrf_k})"
-
-    def recall(self, query: str, k: int) -> list[Candidate]:
-        """The best `k` documents by fused rank, each with its fused score, best first."""
-        _check_query(query, k)
-        depth = self.depth if self.depth is not None else max(k, 100)
-        lexical = self.bm25.recall(query, depth)
-        semantic = self.dense.recall(query, depth)
-        by_id = {c.id: c for c in semantic}
-        by_id.update({c.id: c for c in lexical})
-        fused = reciprocal_rank_fusion(
-            [[c.id for c in lexical], [c.id for c in semantic]], k=self.rrf_k
-        )
-        return [dataclasses.replace(by_id[doc], score=score) for doc, score in fused[:k]]

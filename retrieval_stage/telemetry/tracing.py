@@ -1,58 +1,39 @@
-"""Telemetry set-up for applications (and our CLI): tracing to OTLP and JSON logs.
+"""Tracing set-up for applications (and our CLI): `configure_tracing` to OTLP.
 
-Library code never calls these: it asks `trace.get_tracer` and `structlog.get_logger` and lets
-the application decide. An application calls `configure_tracing()` once at start-up and gets a
-TracerProvider whose spans leave through a BatchSpanProcessor, so a collector that is down,
-slow or failing never blocks or breaks a rerank: `span.end()` only enqueues.
+Library code never calls this: it asks `trace.get_tracer` and lets the application decide. An
+application calls `configure_tracing()` once at start-up and gets a TracerProvider whose spans
+leave through a `BoundedBatchSpanProcessor`, so a collector that is down, slow or failing never
+blocks or breaks a rerank: `span.end()` only enqueues.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import sys
 from collections.abc import Mapping
-from typing import Any, TextIO
+from typing import Any
 
-import structlog
 from openinference.semconv.resource import ResourceAttributes
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-from ._export import CountingSpanExporter, Delivery, quiet_exporter_loggers, span_exporter
-from ._log import get_logger
-from ._shutdown import (
-    DEFAULT_SHUTDOWN_TIMEOUT_S,
-    ShutdownReport,
-    in_background,
-    register,
-    shutdown_telemetry,
-)
-from .metrics import configure_metrics
-from .otlp import OtlpExtraMissingError, otlp_target
+from .._log import get_logger
+from .exporters import CountingSpanExporter, Delivery, quiet_exporter_loggers, span_exporter
+from .otlp import DEFAULT_EXPORT_TIMEOUT_S, DEFAULT_SERVICE_NAME, exporter_off, otlp_target
+from .shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, in_background, register
 
 __all__ = [
-    "DEFAULT_SHUTDOWN_TIMEOUT_S",
     "DEFAULT_SPAN_ATTRIBUTE_LIMIT",
     "PROJECT_NAME",
     "BoundedBatchSpanProcessor",
-    "OtlpExtraMissingError",
-    "ShutdownReport",
-    "add_trace_context",
-    "configure_logging",
-    "configure_metrics",
     "configure_tracing",
     "otlp_span_exporter",
-    "shutdown_telemetry",
 ]
 
 DEFAULT_SPAN_ATTRIBUTE_LIMIT = 2048
 """Room for 200 documents in and 200 out at four attributes each, plus the span's own."""
 
-DEFAULT_SERVICE_NAME = "retrieval-stage"
-DEFAULT_EXPORT_TIMEOUT_S = 5.0
 
 PROJECT_NAME = ResourceAttributes.PROJECT_NAME
 """The resource attribute Arize Phoenix routes spans by (``openinference.project.name``)."""
@@ -95,11 +76,6 @@ def _project(given: str | None, attributes: Mapping[str, Any], service_name: str
         return str(explicit)
     from_env = OTELResourceDetector().detect().attributes.get(PROJECT_NAME)
     return str(from_env) if from_env else service_name
-
-
-def _exporter_off(signal: str) -> bool:
-    """``OTEL_<SIGNAL>_EXPORTER=none``: the standard way to switch one signal's export off."""
-    return os.environ.get(f"OTEL_{signal}_EXPORTER", "").strip().lower() == "none"
 
 
 def configure_tracing(
@@ -147,7 +123,7 @@ def configure_tracing(
         )
     provider = TracerProvider(resource=resource, span_limits=span_limits, shutdown_on_exit=False)
     processor: BoundedBatchSpanProcessor | None = None
-    if exporter is not None or not _exporter_off("TRACES"):
+    if exporter is not None or not exporter_off("TRACES"):
         if exporter is None:
             target = otlp_target(
                 "traces",
@@ -201,82 +177,3 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
         """Flush what fits in the bound, then stop."""
         in_background(super().shutdown).wait(max(self.shutdown_timeout, 0.0))
         self.delivery.close()
-
-
-def add_trace_context(
-    logger: Any, method_name: str, event_dict: structlog.types.EventDict
-) -> structlog.types.EventDict:
-    """structlog processor: add the current span's ``trace_id``/``span_id`` as lowercase hex.
-
-    32 and 16 hex digits, the form Grafana's trace-to-logs and logs-to-trace links match.
-    """
-    context = trace.get_current_span().get_span_context()
-    if context.is_valid:
-        event_dict["trace_id"] = format(context.trace_id, "032x")
-        event_dict["span_id"] = format(context.span_id, "016x")
-    return event_dict
-
-
-class _StructlogBridge(logging.Handler):
-    """Renders stdlib records (the OpenTelemetry SDK's) through structlog, in our log format."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            logger = structlog.get_logger(record.name)
-            logger.log(record.levelno, record.getMessage(), sdk_logger=record.name)
-        except Exception:  # a log line must never break the application
-            self.handleError(record)
-
-
-def _level(level: int | str) -> int:
-    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
-    if not isinstance(numeric, int):
-        raise ValueError(f"unknown log level {level!r}")
-    return numeric
-
-
-def configure_logging(
-    level: int | str = logging.INFO,
-    *,
-    stream: TextIO | None = None,
-    json: bool = True,
-    sdk_level: int | str = logging.WARNING,
-    export_level: int | str = logging.CRITICAL,
-) -> None:
-    """Configure structlog to write one JSON object per line, correlated with traces.
-
-    Each line carries ``timestamp`` (ISO 8601, UTC), ``level``, ``logger``, ``event``, the
-    event's fields and, inside a span, ``trace_id`` and ``span_id``. `json=False` renders for
-    a terminal instead. Writes to `stream` (default stderr).
-
-    The OpenTelemetry SDK logs through stdlib logging; its records (logger ``opentelemetry``)
-    are rendered in the same format from `sdk_level` up, never printed raw. The exporters'
-    per-attempt lines ("Transient error ...", "Failed to export ...", logger
-    ``opentelemetry.exporter``) show from `export_level` up, by default not at all: shutdown
-    says once what was not delivered (``telemetry.undelivered``). Set ``export_level="WARNING"``
-    to see every failed attempt of a long-running process.
-    """
-    numeric = _level(level)
-    renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
-    )
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            add_trace_context,
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
-        cache_logger_on_first_use=False,
-    )
-    sdk_logger = logging.getLogger("opentelemetry")
-    for handler in [h for h in sdk_logger.handlers if isinstance(h, _StructlogBridge)]:
-        sdk_logger.removeHandler(handler)
-    sdk_logger.addHandler(_StructlogBridge())
-    sdk_logger.setLevel(_level(sdk_level))
-    sdk_logger.propagate = False
-    logging.getLogger("opentelemetry.exporter").setLevel(_level(export_level))

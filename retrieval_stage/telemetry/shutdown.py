@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from ._export import Delivery
-from ._log import get_logger
+from .._log import get_logger
+from .exporters import Delivery
 
 __all__ = [
     "DEFAULT_SHUTDOWN_TIMEOUT_S",

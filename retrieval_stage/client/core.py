@@ -1,0 +1,169 @@
+"""`ClientCore`: everything of a rerank client that is neither sync nor async.
+
+As httpx's ``BaseClient``: the configuration, checked once where it enters; the httpx client
+and who owns it; what the server taught (`plan.Learned`); starting a call (arguments checked
+and snapshotted, the deadline armed) and turning its pairs into the caller's items.
+`RerankClient` and `AsyncRerankClient` add only the I/O.
+"""
+
+from __future__ import annotations
+
+import random as _random
+import time
+from collections.abc import Callable, Sequence
+from typing import Generic, Literal, TypeVar
+
+import httpx
+
+from .. import validate
+from .._args import check_sendable, rank, snapshot
+from .._redact import masked_url
+from ..errors import RerankClientClosedError
+from ..models import RerankResponse
+from .flow import Call
+from .plan import Learned, Plan
+from .providers import check_required_fields, get_format
+from .retry import Deadline
+from .steps import Pairs
+
+__all__ = ["CLOSED", "ClientCore"]
+
+H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+T = TypeVar("T")
+
+CLOSED = (
+    "this {cls} has been closed: create a new client (or keep this one open) "
+    "instead of reusing a closed one"
+)
+
+
+class ClientCore(Generic[H]):
+    """Configuration, the httpx client and what the server taught, shared by both drivers."""
+
+    _http: H
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        provider: str = "tei",
+        model: str | None = None,
+        api_key: str | None = None,
+        api_key_header: str = "apikey",
+        timeout: float = 30.0,
+        max_retries: int = 2,
+        batch_size: int | Literal["auto"] | None = None,
+        http_client: H | None = None,
+        max_concurrency: int = 8,
+        random: Callable[[], float] = _random.random,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        # One rule per value, shared with RerankSettings and the CLI (validate.py); each
+        # refusal is a ValueError whose ``field`` names the argument.
+        base_url = validate.endpoint(base_url, "base_url")
+        if http_client is not None and not isinstance(http_client, self._http_type()):
+            raise TypeError(
+                f"{type(self).__name__} needs an {self._http_type().__name__} as http_client, "
+                f"got {type(http_client).__name__}"
+            )
+        timeout = validate.timeout(timeout)
+        api_key_header = validate.header_name(api_key_header)
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise validate.InvalidSetting(
+                "max_retries", f"must be an int >= 0, got {max_retries!r}"
+            )
+        batch_size = validate.batch_size(batch_size)
+        if (
+            isinstance(max_concurrency, bool)
+            or not isinstance(max_concurrency, int)
+            or max_concurrency < 1
+        ):
+            raise validate.InvalidSetting(
+                "max_concurrency", f"must be an int >= 1, got {max_concurrency!r}"
+            )
+        # Never echo the key: it would land in whatever logs the caller's traceback.
+        api_key = validate.api_key(api_key)
+        wire = get_format(provider)
+        check_required_fields(wire, model=model)
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.timeout = float(timeout)
+        self.max_retries = max_retries
+        self.max_concurrency = max_concurrency
+        self._plan = Plan(
+            format=wire,
+            base_url=self.base_url,
+            model=model,
+            api_key=api_key,
+            api_key_header=api_key_header,
+            timeout=self.timeout,
+            max_retries=max_retries,
+            random=random,
+            clock=clock,
+        )
+        self._learned = Learned(
+            batch_size if isinstance(batch_size, int) else wire.batch_size,
+            ask_info=batch_size == "auto",
+        )
+        self._owns_http = http_client is None
+        self._http = http_client if http_client is not None else self._new_http()
+
+    def _new_http(self) -> H:
+        """A fresh httpx client of the flavour the subclass drives (TLS verification on)."""
+        raise NotImplementedError
+
+    @classmethod
+    def _http_type(cls) -> type[H]:
+        raise NotImplementedError
+
+    # -- public read-only facts -------------------------------------------------------------
+
+    @property
+    def provider(self) -> str:
+        """The wire format's name (``tei``, ``cohere``, ...)."""
+        return self._plan.provider
+
+    @property
+    def batch_size(self) -> int:
+        """Texts per request now: the configured size, lowered by any cap the server taught."""
+        return self._learned.batch_size
+
+    @property
+    def model_name(self) -> str | None:
+        """The model to record: the configured one, else what the server reported."""
+        return self.model or self._learned.model
+
+    def __repr__(self) -> str:
+        key = "<set>" if self._plan.api_key else None
+        return (
+            f"{type(self).__name__}(base_url={masked_url(self.base_url)!r}, "
+            f"provider={self.provider!r}, "
+            f"model={self.model!r}, api_key={key}, timeout={self.timeout})"
+        )
+
+    # -- a call's start and end, the same for both drivers ----------------------------------
+
+    def _begin(
+        self, query: str, items: Sequence[T], text: Callable[[T], str] | None, top_k: int | None
+    ) -> tuple[list[T], Call]:
+        """Refuse a closed client, check and snapshot the arguments, arm the deadline."""
+        if self._http.is_closed:
+            raise RerankClientClosedError(CLOSED.format(cls=type(self).__name__))
+        kept, texts, cap = snapshot(query, items, text, top_k)
+        check_sendable(query, texts)
+        deadline = Deadline(self.timeout, self._plan.clock)
+        # `time.time` is looked up per call, so a test's fake clock reaches Retry-After dates.
+        return kept, Call(self._plan, self._learned, query, texts, cap, deadline, time.time)
+
+    def _finish(self, items: list[T], call: Call, pairs: Pairs) -> RerankResponse[T]:
+        return RerankResponse(
+            results=[(items[i], score) for i, score in rank(pairs, call.top_k)],
+            usage=call.usage,
+            model=call.model or self.model_name,
+            requests=call.requests,
+            retries=call.retries,
+            batches=call.batches,
+        )
+
+    def _closed_error(self) -> RerankClientClosedError:
+        return RerankClientClosedError(CLOSED.format(cls=type(self).__name__))

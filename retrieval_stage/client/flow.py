@@ -1,0 +1,299 @@
+"""The rerank call as a sans-I/O flow, written once for the sync and the async client.
+
+`Call.flow()` is a generator of `steps` (see there) that decides and never does I/O.
+`RerankClient` drives it with blocking calls, one sub-batch after another; `AsyncRerankClient`
+with awaits, the sub-batches of a `Fork` concurrently under one task group. Everything a call
+decides lives here: the batch plan, retries and their waits (`retry`), the deadline,
+Retry-After, splitting a refused batch, the cap a server states (kept in `plan.Learned` for later
+calls), `/info`, the judgement of each response (`providers`) and the sanitising of server text
+(`sanitize`). It reads its client only through the frozen `plan.Plan` and the shared
+`plan.Learned`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from opentelemetry import trace
+
+from .._log import get_logger
+from .._redact import masked_url, scrub, without_key_bytes
+from ..errors import (
+    RerankError,
+    RerankProtocolError,
+    RerankStatusError,
+    RerankTransportError,
+    TransportKind,
+)
+from ..models import Usage
+from .plan import Learned, Plan
+from .providers import (
+    ParsedBatch,
+    batch_cap,
+    build_request,
+    expected_results,
+    parse_response,
+)
+from .retry import Deadline, is_retryable_error, is_retryable_status, retry_wait
+from .sanitize import server_text
+from .steps import EXPIRED, Flow, Fork, Pairs, Reply, Send, Sleep, Step
+
+__all__ = ["Call"]
+
+log = get_logger("retrieval_stage.client")
+
+
+@dataclass
+class _Attempt:
+    """What one HTTP attempt came to; exactly one of `parsed` or `error` is set."""
+
+    parsed: ParsedBatch | None = None
+    error: RerankError | None = None
+    retryable: bool = False
+    headers: Mapping[str, str] | None = None
+    split_to: int | None = None
+    learned: bool = False
+    cause: str = ""
+
+
+@dataclass
+class Call:
+    """One call: its arguments, its deadline, what it spent, and the flows that make it."""
+
+    plan: Plan
+    learned: Learned
+    query: str
+    texts: list[str]
+    top_k: int | None
+    deadline: Deadline
+    now: Callable[[], float] = time.time
+    requests: int = 0
+    retries: int = 0
+    batches: int = 0
+    seen_424: int = 0
+    usage: Usage = field(default_factory=Usage)
+    model: str | None = None
+
+    # -- the flows --------------------------------------------------------------------------
+
+    def flow(self) -> Flow:
+        """The whole call: ``/info`` when asked for, then the batches."""
+        if not self.texts:
+            return []
+        if self.learned.ask_info:
+            yield from self._info()
+        return (yield from self._fork(0, len(self.texts), self.learned.batch_size))
+
+    def _info(self) -> Generator[Step, Any, None]:
+        """Learn the batch cap (and model) the provider exposes; one log event when we can't."""
+        plan, learned = self.plan, self.learned
+        cause: str | None
+        if plan.provider != "tei":
+            cause = f"{plan.provider} exposes no batch cap"
+        else:
+            outcome = yield Send("GET", plan.base_url + "/info", plan.headers())
+            if isinstance(outcome, Reply) and outcome.is_success:
+                try:
+                    cause = learned.apply_info(json.loads(outcome.content))
+                except (ValueError, RecursionError):
+                    kind = outcome.headers.get("content-type", "unknown content-type")
+                    cause = f"not JSON ({kind})"
+            elif isinstance(outcome, Reply):
+                cause = f"HTTP {outcome.status_code}"
+            else:
+                cause = type(outcome).__name__ if outcome is not EXPIRED else "deadline"
+        learned.ask_info = False
+        if cause is not None:
+            log.warning(
+                "rerank.info_unavailable",
+                provider=plan.provider,
+                caused_by=cause,
+                batch_size=learned.batch_size,
+            )
+
+    def _fork(self, start: int, stop: int, size: int) -> Flow:
+        chunks = [(a, min(a + size, stop)) for a in range(start, stop, size)]
+        parts = yield Fork([self._batch(a, b) for a, b in chunks])
+        return [pair for part in parts for pair in part]
+
+    def _batch(self, start: int, stop: int) -> Flow:
+        """One batch: send, judge, retry, or split and fork."""
+        plan, size = self.plan, self.learned.batch_size
+        if stop - start > size:  # the server taught a smaller cap meanwhile
+            return (yield from self._fork(start, stop, size))
+        batch = self.texts[start:stop]
+        top_n = None if self.top_k is None else min(self.top_k, len(batch))
+        body = build_request(plan.format, self.query, batch, model=plan.model, top_n=top_n)
+        expected = expected_results(plan.format, len(batch), top_n)
+        url = plan.base_url + plan.format.path
+        retry_num = 0
+        while True:
+            if self.deadline.expired():
+                raise self.deadline_error()
+            self.requests += 1
+            outcome = yield Send("POST", url, plan.headers(), body)
+            if outcome is EXPIRED:
+                raise self.deadline_error()
+            if isinstance(outcome, httpx.HTTPError):
+                if self.deadline.expired():
+                    raise self.deadline_error()
+                attempt = self._transport_error(outcome)
+            else:
+                assert isinstance(outcome, Reply)
+                attempt = self._judge(outcome, batch, expected)
+            if attempt.parsed is not None:
+                return self._record(attempt.parsed, start)
+            if attempt.split_to is not None:
+                self._split_event(attempt, len(batch), start)
+                return (yield from self._fork(start, stop, attempt.split_to))
+            wait = self._wait_before_retry(attempt, retry_num, start)
+            assert attempt.error is not None
+            if wait is None:
+                raise attempt.error
+            yield Sleep(wait)
+            retry_num += 1
+
+    # -- decisions --------------------------------------------------------------------------
+
+    def deadline_error(self) -> RerankTransportError:
+        """The call ran out of time; says which setting bounds it."""
+        return RerankTransportError(
+            f"no answer within the {self.plan.timeout:g} s deadline "
+            f"(timeout={self.plan.timeout}) after {self.requests} request(s)",
+            kind="deadline",
+        )
+
+    def spent(self, exc: RerankError) -> RerankError:
+        """`exc` carrying what the failed call spent, for the stage's span and metrics."""
+        exc.requests, exc.retries, exc.batches = self.requests, self.retries, self.batches
+        return exc
+
+    def _transport_error(self, exc: httpx.HTTPError) -> _Attempt:
+        """The one place httpx's exceptions become ours, classified for retry.
+
+        The message is redacted and the httpx error is not chained, so an API key that httpx or
+        h11 quoted (an illegal header value, say) reaches neither logs nor span stack traces.
+        """
+        plan = self.plan
+        detail = plan.redact(str(exc)) or "no detail"
+        what = f"{type(exc).__name__}: {detail}"
+        kind: TransportKind = "other"
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            what = f"could not connect to {masked_url(plan.base_url)} ({what})"
+            kind = "connect"
+        elif isinstance(exc, httpx.TimeoutException):
+            kind = "timeout"
+        return _Attempt(
+            error=RerankTransportError(what, kind=kind, cause=type(exc).__name__),
+            retryable=is_retryable_error(exc),
+            cause=type(exc).__name__,
+        )
+
+    def _not_ours(self, what: str) -> RerankProtocolError:
+        provider = self.plan.provider
+        return RerankProtocolError(
+            f"{provider} answered something that is not a {provider} response: {what}"
+        )
+
+    def _judge(self, reply: Reply, batch: list[str], expected: int) -> _Attempt:
+        """Turn a response into an attempt outcome; decodes the JSON body once.
+
+        Every text quoted from the server's bytes goes through `_sanitize`: a server may echo
+        the key, the query or the documents.
+        """
+        plan = self.plan
+        n = len(batch)
+        if reply.is_success:
+            try:
+                body = json.loads(reply.content)
+            except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
+                kind = reply.headers.get("content-type", "unknown content-type")
+                # The key whole, before the cut below could split it.
+                content = without_key_bytes(reply.content, plan.api_key)
+                head = content[:200].decode("utf-8", errors="replace")
+                snippet = scrub(head, [self.query, *batch], plan.api_key, limit=60)
+                return _Attempt(error=self._not_ours(f"not valid JSON ({kind}): {snippet!r}"))
+            try:
+                parsed = parse_response(
+                    plan.format, body, reply.headers, n_texts=n, expected=expected
+                )
+            except RerankProtocolError as exc:
+                # The detail may quote a value from the body: a document echoed as an index.
+                said = str(exc).removeprefix(f"{plan.provider}: ")
+                detail = scrub(said, [self.query, *batch], plan.api_key)
+                return _Attempt(error=self._not_ours(detail))
+            return _Attempt(parsed=parsed)
+        status = reply.status_code
+        message = server_text(reply.content, [self.query, *batch], plan.api_key)
+        error = RerankStatusError(status, message, provider=plan.provider)
+        if status in (413, 422):
+            cap = batch_cap(reply.content, n)
+            if cap is not None:
+                return _Attempt(error=error, split_to=cap, learned=True)
+            if status == 413 and n > 1:
+                return _Attempt(error=error, split_to=(n + 1) // 2)
+        retryable = is_retryable_status(status, previous_424s=self.seen_424)
+        if status == 424:
+            self.seen_424 += 1
+        return _Attempt(error=error, retryable=retryable, headers=reply.headers)
+
+    def _split_event(self, attempt: _Attempt, n: int, offset: int) -> None:
+        """Record a split on the span and the log; remember a cap the server stated."""
+        cap = attempt.split_to
+        assert cap is not None
+        error = attempt.error
+        fields: dict[str, Any] = {
+            "batch_offset": offset,
+            "refused": n,
+            "split_to": cap,
+            "caused_by": f"HTTP {error.status_code}"
+            if isinstance(error, RerankStatusError)
+            else "",
+        }
+        log.warning("rerank.batch_split", provider=self.plan.provider, **fields)
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.add_event("rerank.batch_split", fields)
+        if attempt.learned:
+            self.learned.remember_cap(cap, n, self.plan.provider)
+
+    def _wait_before_retry(self, attempt: _Attempt, retry_num: int, offset: int) -> float | None:
+        """Seconds to sleep before retrying, or None when the attempt's error is final."""
+        if not attempt.retryable or retry_num >= self.plan.max_retries:
+            return None
+        wait = retry_wait(
+            retry_num,
+            headers=attempt.headers,
+            remaining=self.deadline.remaining(),
+            random=self.plan.random,
+            now=self.now(),
+        )
+        if wait is None:
+            return None
+        error = attempt.error
+        status = error.status_code if isinstance(error, RerankStatusError) else None
+        caused_by = (attempt.cause or type(error).__name__) if status is None else f"HTTP {status}"
+        fields: dict[str, Any] = {
+            "retry_num": retry_num + 1,
+            "wait_for": round(wait, 3),
+            "caused_by": caused_by,
+            "batch_offset": offset,
+        }
+        log.warning("rerank.retry_scheduled", provider=self.plan.provider, **fields)
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.add_event("rerank.retry_scheduled", fields)
+        self.retries += 1
+        return wait
+
+    def _record(self, parsed: ParsedBatch, offset: int) -> Pairs:
+        self.batches += 1
+        self.usage = self.usage + parsed.usage
+        if parsed.model:
+            self.model = parsed.model
+        return [(offset + i, score) for i, score in parsed.pairs]

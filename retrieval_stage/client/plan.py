@@ -1,0 +1,101 @@
+"""What a rerank call reads of its client: a frozen `Plan` and the shared `Learned` state.
+
+The flow never reaches into the client. `Plan` holds the client's configuration, fixed when the
+client is made (wire format, endpoint, key, deadline, retries); `Learned` holds the little a
+server teaches that every later call should use (the batch cap TEI's ``/info`` or a refusal
+states, the model it reports), behind a lock because concurrent calls share it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import propagate
+
+from .._log import get_logger
+from .._redact import without_key
+from .providers import WireFormat
+
+__all__ = ["Learned", "Plan"]
+
+log = get_logger("retrieval_stage.client")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A client's configuration as every call of it sees it."""
+
+    format: WireFormat
+    base_url: str
+    model: str | None
+    api_key: str | None
+    api_key_header: str
+    timeout: float
+    max_retries: int
+    random: Callable[[], float]
+    clock: Callable[[], float]
+
+    def __repr__(self) -> str:  # the key must not reach a repr
+        return f"Plan(provider={self.provider!r}, model={self.model!r})"
+
+    @property
+    def provider(self) -> str:
+        return self.format.name
+
+    def headers(self) -> dict[str, str]:
+        """Request headers: accept, the key, and W3C trace context from the global propagator
+        (``traceparent``, ``tracestate``, ``baggage``), so a traced server joins our trace."""
+        headers = {"accept": "application/json"}
+        if self.api_key:
+            if self.api_key_header.lower() == "authorization":
+                headers["Authorization"] = f"Bearer {self.api_key}"
+            else:
+                headers[self.api_key_header] = self.api_key
+        propagate.inject(headers)
+        return headers
+
+    def redact(self, text: str) -> str:
+        """`text` with the key replaced: for messages built from a transport error."""
+        return without_key(text, self.api_key)
+
+
+class Learned:
+    """What the server taught one client, shared by all its calls."""
+
+    def __init__(self, batch_size: int, *, ask_info: bool) -> None:
+        self._size = batch_size
+        self._cap: int | None = None
+        self.model: str | None = None
+        self.ask_info = ask_info
+        self._lock = threading.Lock()
+
+    @property
+    def batch_size(self) -> int:
+        """Texts per request now: the configured (or ``/info``) size, lowered by a stated cap."""
+        return self._size if self._cap is None else min(self._size, self._cap)
+
+    def apply_info(self, info: Any) -> str | None:
+        """Take the batch cap and model from TEI's ``/info``; what was missing, else None."""
+        if not isinstance(info, dict):
+            return "not a JSON object"
+        model_id = info.get("model_id")
+        if isinstance(model_id, str) and model_id:
+            self.model = model_id
+        cap = info.get("max_client_batch_size")
+        if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
+            self._size = cap
+            return None
+        return "no max_client_batch_size"
+
+    def remember_cap(self, cap: int, refused: int, provider: str) -> None:
+        """Keep the smallest cap a server stated, for every later call."""
+        with self._lock:
+            if self._cap is None or cap < self._cap:
+                self._cap = cap
+                log.warning(
+                    "rerank.batch_size_learned", provider=provider, batch_size=cap,
+                    refused=refused,
+                )  # fmt: skip

@@ -1,0 +1,133 @@
+"""`RerankClient`: the synchronous driver of the rerank flow.
+
+Sub-batches go one after another; every socket operation is capped at the call's deadline
+(`deadline_io`), so a server trickling bytes cannot hold a call past it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from ..errors import RerankError
+from ..models import RerankResponse
+from .core import ClientCore
+from .deadline_io import CALL_DEADLINE, DeadlineTransport
+from .flow import Call
+from .steps import EXPIRED, Finished, Flow, Pairs, Reply, Send, Sleep, advance
+
+__all__ = ["RerankClient"]
+
+T = TypeVar("T")
+
+
+def _environment_proxies() -> bool:
+    """Whether HTTP_PROXY, HTTPS_PROXY or ALL_PROXY (any case) configure a proxy."""
+    return any(
+        os.environ.get(name) or os.environ.get(name.lower())
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+    )
+
+
+class RerankClient(ClientCore[httpx.Client]):
+    """Synchronous rerank client; sub-batches go one after another.
+
+    ``with RerankClient("http://localhost:8080") as client:
+    client.rerank("what is rust", ["rust is a language", "bananas"])``
+    """
+
+    def _new_http(self) -> httpx.Client:
+        # Our transport caps every socket read at the call's deadline. httpx builds proxy
+        # routes from HTTP(S)_PROXY only for its own transport, so where a proxy is configured
+        # the client keeps httpx's (the deadline is then checked between reads, as with a
+        # caller's own http_client) rather than silently going around the proxy.
+        if _environment_proxies():
+            return httpx.Client()
+        return httpx.Client(transport=DeadlineTransport())
+
+    @classmethod
+    def _http_type(cls) -> type[httpx.Client]:
+        return httpx.Client
+
+    def __enter__(self) -> RerankClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the httpx client if this client created it."""
+        if self._owns_http:
+            self._http.close()
+
+    def rerank(
+        self,
+        query: str,
+        items: Sequence[T],
+        *,
+        text: Callable[[T], str] | None = None,
+        top_k: int | None = None,
+    ) -> list[tuple[T, float]]:
+        """The caller's items with their scores, best first, cut to `top_k` when given."""
+        return self.rerank_response(query, items, text=text, top_k=top_k).results
+
+    def rerank_response(
+        self,
+        query: str,
+        items: Sequence[T],
+        *,
+        text: Callable[[T], str] | None = None,
+        top_k: int | None = None,
+    ) -> RerankResponse[T]:
+        """Like `rerank`, with usage, model and request counts."""
+        kept, call = self._begin(query, items, text, top_k)
+        try:
+            pairs = self._drive(call, call.flow())
+        except RerankError as exc:
+            raise call.spent(exc) from None
+        return self._finish(kept, call, pairs)
+
+    def _drive(self, call: Call, flow: Flow) -> Pairs:
+        """Run `flow` to its end, doing each step it asks for in turn."""
+        answer: Any = None
+        while not isinstance(step := advance(flow, answer), Finished):
+            if isinstance(step, Send):
+                answer = self._send(call, step)
+            elif isinstance(step, Sleep):
+                time.sleep(step.seconds)
+                answer = None
+            else:
+                answer = [self._drive(call, sub) for sub in step.flows]
+        return step.value
+
+    def _send(self, call: Call, step: Send) -> Reply | httpx.HTTPError | object:
+        """One request, read in full within the call's deadline.
+
+        httpx's timeout bounds each read, not the whole body, so a server trickling bytes could
+        hold the call for ever: the deadline is checked after every chunk received, and
+        `DeadlineTransport` caps every socket operation at the time left.
+        """
+        remaining = call.deadline.remaining()
+        token = CALL_DEADLINE.set(time.monotonic() + remaining)
+        try:
+            with self._http.stream(
+                step.method, step.url, headers=step.headers, json=step.body, timeout=remaining
+            ) as response:
+                parts: list[bytes] = []
+                for chunk in response.iter_bytes():
+                    parts.append(chunk)
+                    if call.deadline.expired():
+                        return EXPIRED
+                return Reply(response.status_code, response.headers, b"".join(parts))
+        except httpx.HTTPError as exc:
+            return exc
+        except RuntimeError:
+            if self._http.is_closed:  # closed by another thread mid-call
+                raise self._closed_error() from None
+            raise
+        finally:
+            CALL_DEADLINE.reset(token)

@@ -1,0 +1,142 @@
+"""`CrossEncoderReranker`: a cross-encoder run in this process, so the main job needs no server."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .._args import rank, snapshot
+from ..errors import RerankError, RerankProtocolError
+from . import base
+from .base import DEFAULT_LOCAL_MODEL, INSTALL_HINT, InProcessModel, InThread
+from .model_source import (
+    ModelUnavailableError,
+    cached_model_dir,
+    check_cross_encoder,
+    on_disk,
+    resolve_model,
+)
+
+__all__ = ["AsyncCrossEncoderReranker", "CrossEncoderReranker"]
+
+T = TypeVar("T")
+
+
+class CrossEncoderReranker(InProcessModel):
+    """A sentence-transformers `CrossEncoder` scoring (query, text) pairs in process.
+
+    `model` is a Hugging Face model id (default `DEFAULT_LOCAL_MODEL`, downloaded once into the
+    Hugging Face cache) or the path of a local model directory (no network). The model is loaded
+    on first use, or by `load()`; a model that cannot be loaded raises `RerankError`, so a
+    `RerankStage` falls back to recall order as for any other reranker failure. Scores are what
+    the model's head (and its configured activation) gives: their scale is model-specific.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] = DEFAULT_LOCAL_MODEL,
+        *,
+        device: str | None = None,
+        batch_size: int = 32,
+        max_length: int | None = None,
+        local_files_only: bool = False,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not base.local_available():
+            raise ImportError(
+                f"the local cross-encoder needs sentence-transformers: {INSTALL_HINT}"
+            )
+        self.model = os.fspath(model)
+        self.device = device
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.local_files_only = local_files_only
+        super().__init__()
+        found = on_disk(self.model)
+        if found is not None:  # refused now, before anything loads or scores
+            check_cross_encoder(found.location)
+
+    @property
+    def model_name(self) -> str:
+        """The model id, or the directory's name for a local model."""
+        path = Path(self.model)
+        return path.name if path.is_dir() else self.model
+
+    def __repr__(self) -> str:
+        return f"CrossEncoderReranker(model={self.model!r}, device={self.device!r})"
+
+    def _load(self) -> Any:
+        try:
+            source = resolve_model(
+                self.model,
+                default=DEFAULT_LOCAL_MODEL,
+                local_files_only=self.local_files_only,
+            )
+        except ModelUnavailableError as exc:
+            raise ModelUnavailableError(
+                f"could not load cross-encoder {self.model!r}: {exc}"
+            ) from exc
+        if source.origin != "hub":
+            check_cross_encoder(source.location)
+        # Imported here, not at module level: the [local] extra is optional and heavy.
+        cross_encoder = importlib.import_module("sentence_transformers").CrossEncoder
+        try:
+            encoder = cross_encoder(
+                source.location,
+                device=self.device,
+                max_length=self.max_length,
+                local_files_only=source.local_files_only,
+            )
+        except Exception as exc:  # the loader raises OSError, ValueError, HTTP errors...
+            raise RerankError(
+                f"could not load cross-encoder {self.model!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        downloaded = cached_model_dir(source.location) if source.origin == "hub" else None
+        if downloaded is not None:  # judged now that its files are on disk
+            check_cross_encoder(downloaded)
+        return encoder
+
+    def rerank(
+        self,
+        query: str,
+        items: Sequence[T],
+        *,
+        text: Callable[[T], str] | None = None,
+        top_k: int | None = None,
+    ) -> list[tuple[T, float]]:
+        """The items with the model's scores, best first; ties keep input order."""
+        kept, texts, cap = snapshot(query, items, text, top_k)
+        if not texts:
+            return []
+        encoder = self._loaded()
+        try:
+            raw = encoder.predict(
+                [(query, t) for t in texts],
+                batch_size=self.batch_size,
+                show_progress_bar=False,
+                convert_to_numpy=True,
+            )
+        except Exception as exc:  # torch and tokenizer errors have no common base
+            raise RerankError(f"cross-encoder failed: {type(exc).__name__}: {exc}") from exc
+        scores = [float(s) for s in raw.reshape(-1).tolist()]
+        if len(scores) != len(texts):
+            raise RerankProtocolError(
+                f"cross-encoder returned {len(scores)} scores for {len(texts)} texts"
+            )
+        for i, score in enumerate(scores):
+            if not math.isfinite(score):
+                raise RerankProtocolError(f"cross-encoder score {score!r} for item {i}")
+        return [(kept[i], s) for i, s in rank(list(enumerate(scores)), cap)]
+
+
+class AsyncCrossEncoderReranker(InThread[CrossEncoderReranker]):
+    """The awaitable twin of `CrossEncoderReranker`: loads and scores in a worker thread."""
+
+    def __init__(self, model: str | os.PathLike[str] = DEFAULT_LOCAL_MODEL, **kw: Any) -> None:
+        self.sync = CrossEncoderReranker(model, **kw)

