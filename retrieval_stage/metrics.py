@@ -17,6 +17,8 @@ from typing import Any
 
 from opentelemetry import metrics
 
+from .spans.keys import ATTR_PROVIDER
+
 __all__ = ["RerankMetrics"]
 
 METER_NAME = "retrieval_stage"
@@ -30,7 +32,6 @@ FALLBACKS = "retrieval_stage.rerank.fallbacks"
 TOP1_CHANGES = "retrieval_stage.rerank.top1_changes"
 
 ATTR_MODEL = "retrieval_stage.model"
-ATTR_PROVIDER = "retrieval_stage.provider"
 ATTR_OUTCOME = "retrieval_stage.outcome"
 
 # A local cross-encoder answers a small batch in ~5 ms; a remote one under load, with retries,

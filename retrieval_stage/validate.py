@@ -10,6 +10,7 @@ or an endpoint (either may carry a credential).
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Any, Literal, TypeAlias
 from urllib.parse import urlsplit
@@ -20,6 +21,7 @@ __all__ = [
     "api_key",
     "batch_size",
     "endpoint",
+    "env_flag",
     "finite_number",
     "header_name",
     "provider",
@@ -171,3 +173,21 @@ def top_k(value: Any, field: str = "top_k") -> int | None:
 def relabelled(exc: InvalidSetting, label: str) -> InvalidSetting:
     """`exc` with its message naming the setting as the user gave it (``RERANK_TIMEOUT``)."""
     return InvalidSetting(exc.field, exc.reason, label)
+
+
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+_FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+def env_flag(name: str) -> bool | None:
+    """The boolean environment variable `name` (``1``/``true``/``yes``/``on`` or ``0``/``false``/
+    ``no``/``off``, any case), None when unset or empty; `InvalidSetting` for anything else, so
+    each caller decides whether to warn and keep its default."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return None
+    if raw in _TRUE_WORDS:
+        return True
+    if raw in _FALSE_WORDS:
+        return False
+    raise InvalidSetting(name, f"must be 0 or 1 (or true/false, yes/no, on/off), got {raw!r}")

@@ -31,6 +31,7 @@ from opentelemetry.util.types import AttributeValue
 from .._log import get_logger
 from .._version import __version__
 from ..models import Candidate, Reranked, Usage
+from ..validate import InvalidSetting, env_flag
 from .content import DEFAULT_MAX_CONTENT_BYTES, cap_content, output_value
 from .fit import fit_head, outcome_attributes
 from .keys import (
@@ -125,13 +126,13 @@ def output_content_from_env() -> bool:
     An unparseable value is logged once per call site's stage and the default kept, as
     OpenInference's `TraceConfig` does with its own variables.
     """
-    raw = os.environ.get(OUTPUT_CONTENT_ENV, "").strip().lower()
-    if raw in ("", "1", "true", "yes", "on"):
+    try:
+        value = env_flag(OUTPUT_CONTENT_ENV)
+    except InvalidSetting:
+        raw = os.environ.get(OUTPUT_CONTENT_ENV, "")
+        log.warning("rerank.config_invalid", variable=OUTPUT_CONTENT_ENV, value=raw, kept=True)
         return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    log.warning("rerank.config_invalid", variable=OUTPUT_CONTENT_ENV, value=raw, kept=True)
-    return True
+    return True if value is None else value
 
 
 class RerankerSpans:

@@ -26,15 +26,13 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.semconv.attributes.http_attributes import HTTP_RESPONSE_STATUS_CODE
 
+from ..validate import InvalidSetting, env_flag
 from .otlp_encoder import serialize_spans
 
 __all__ = ["FAST_OTLP_ENV", "FastOTLPSpanExporter", "fast_encoding_default"]
 
 FAST_OTLP_ENV = "RETRIEVAL_STAGE_FAST_OTLP"
 """Environment switch: ``0``/``false``/``no``/``off`` makes the exporter use the SDK's encoder."""
-
-_OFF = frozenset({"0", "false", "no", "off"})
-_ON = frozenset({"", "1", "true", "yes", "on"})
 
 _logger = logging.getLogger(__name__)
 
@@ -47,12 +45,13 @@ def fast_encoding_default() -> bool:
 
     Unset means on; an unparseable value warns and keeps it on.
     """
-    raw = os.environ.get(FAST_OTLP_ENV, "").strip().lower()
-    if raw in _OFF:
-        return False
-    if raw not in _ON:
+    try:
+        value = env_flag(FAST_OTLP_ENV)
+    except InvalidSetting:
+        raw = os.environ.get(FAST_OTLP_ENV, "").strip().lower()
         _logger.warning("ignoring %s=%r: expected 0 or 1", FAST_OTLP_ENV, raw)
-    return True
+        return True
+    return True if value is None else value
 
 
 class FastOTLPSpanExporter(OTLPSpanExporter):
