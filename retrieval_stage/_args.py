@@ -1,7 +1,7 @@
 """Argument helpers every reranker shares: checking and copying a call's inputs, ranking.
 
-Kept apart from the HTTP client so `NullReranker` and `LocalReranker` validate and rank exactly
-as the clients do without importing httpx or the client's retry machinery.
+Kept apart from the HTTP client so `NullReranker` and the in-process rerankers (`local`)
+validate and rank exactly as the clients do without importing httpx or the client's flow.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from . import validate
 
 __all__ = [
     "check_sendable",
-    "check_top_k",
     "default_text",
     "masked_url",
     "rank",
@@ -39,12 +38,6 @@ def default_text(item: object) -> str:
     return value
 
 
-def check_top_k(top_k: int | None) -> int | None:
-    """Normalise `top_k` with `validate.top_k`: None or 0 mean every result, a positive value
-    caps; anything else is a ValueError naming ``top_k``."""
-    return validate.top_k(top_k)
-
-
 def snapshot(
     query: str, items: Sequence[T], text: Callable[[T], str] | None, top_k: int | None
 ) -> tuple[list[T], list[str], int | None]:
@@ -55,7 +48,7 @@ def snapshot(
     """
     if not isinstance(query, str):
         raise TypeError(f"query must be a str, got {type(query).__name__}")
-    cap = check_top_k(top_k)
+    cap = validate.top_k(top_k)
     extract: Callable[[Any], str] = text if text is not None else default_text
     kept = list(items)
     texts: list[str] = []

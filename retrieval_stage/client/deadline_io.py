@@ -8,7 +8,7 @@ The async client needs none of this: one cancel scope bounds its whole call.
 
 Built only on public APIs: httpcore's ``ConnectionPool(network_backend=...)`` under a small
 httpx transport (`DeadlineTransport`). httpcore's exceptions become httpx's by class name
-(`_httpx_error`), as httpx's own transport does; `tests/test_client_transport.py` fails
+(`_httpx_error`), as httpx's own transport does; `tests/client/test_flow.py` fails
 loudly if a new httpcore exception has no httpx twin.
 """
 

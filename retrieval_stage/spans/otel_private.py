@@ -9,7 +9,7 @@ Two facts have no public accessor in opentelemetry-api/-sdk 1.45:
 - an SDK span's attribute-count limit: the SDK keeps its `SpanLimits` on ``span._limits`` and
   exposes the attributes only as a read-only mapping without the bound.
 
-`tests/test_otel_private.py` pins both against the installed SDK, so a release that moves
+`tests/spans/test_otel_private.py` pins both against the installed SDK, so a release that moves
 either fails that test loudly instead of silently changing what the spans keep.
 """
 

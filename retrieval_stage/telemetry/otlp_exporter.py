@@ -82,7 +82,7 @@ class FastOTLPSpanExporter(OTLPSpanExporter):
 
         The one place that relies on the SDK exporter's private state. The SDK serialises
         inside `export`, so its remaining steps (metrics, size limit, POST with retries) are
-        mirrored here line for line; `tests/test_otlp_encoder.py` pins the SDK's `export`
+        mirrored here line for line; `tests/telemetry/test_otlp_encoder.py` pins the SDK's `export`
         source and fails when it changes, so this copy is re-checked on every SDK upgrade.
         """
         sdk: Any = self

@@ -1,0 +1,222 @@
+"""What keeps the hot path cheap, pinned by counting, never by timing.
+
+A sampled-out or no-op span must cost no document attributes on any outcome; a client makes
+its httpx client once, not per call; each response body is decoded once. The benchmarks
+(`python -m benchmarks`) measure the speed; these tests only keep the structure that makes it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import NoOpTracerProvider
+
+import retrieval_stage.spans.fit as fit_module
+import retrieval_stage.spans.reranker as reranker_spans
+from retrieval_stage import (
+    AsyncRerankClient,
+    Candidate,
+    RerankClient,
+    RerankStage,
+    RerankTransportError,
+)
+
+from ..conftest import WireMock
+from ..fakes import AsyncByLength, ByLength, Failing
+
+
+def fifty() -> list[Candidate]:
+    return [Candidate(f"doc-{i}", f"text number {i}", 1.0 - i / 50) for i in range(50)]
+
+
+def by_length(fail: bool = False) -> ByLength | Failing:
+    """A reranker scoring by text length, or failing when told to."""
+    return Failing(RerankTransportError("down")) if fail else ByLength()
+
+
+@pytest.fixture
+def doc_attribute_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count calls of `outcome_attributes` (the end-of-call attributes, documents included),
+    under both names the stage could reach it by."""
+    calls: list[int] = []
+    real = fit_module.outcome_attributes
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reranker_spans, "outcome_attributes", counting)
+    return calls
+
+
+@pytest.fixture
+def recording() -> Iterator[TracerProvider]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(InMemorySpanExporter()))
+    yield provider
+    provider.shutdown()
+
+
+NOT_RECORDING: dict[str, Callable[[], Any]] = {
+    "sampler ALWAYS_OFF": lambda: TracerProvider(sampler=ALWAYS_OFF),
+    "no-op provider": NoOpTracerProvider,
+}
+
+
+def test_recording_span_builds_document_attributes_once(
+    doc_attribute_calls: list[int], recording: TracerProvider
+) -> None:
+    """The control: the counter sits where the stage really calls it."""
+    RerankStage(ByLength(), tracer_provider=recording).run("q", fifty())
+    assert doc_attribute_calls == [1]
+
+
+@pytest.mark.parametrize("make_provider", NOT_RECORDING.values(), ids=list(NOT_RECORDING))
+@pytest.mark.parametrize("on_error", ["fallback", "raise"])
+@pytest.mark.parametrize("fail", [False, True], ids=["ok", "failing"])
+def test_non_recording_span_builds_no_document_attributes(
+    doc_attribute_calls: list[int],
+    make_provider: Callable[[], Any],
+    on_error: Any,
+    fail: bool,
+) -> None:
+    stage = RerankStage(by_length(fail), tracer_provider=make_provider(), on_error=on_error)
+    if fail and on_error == "raise":
+        with pytest.raises(RerankTransportError):
+            stage.run("q", fifty())
+    else:
+        assert len(stage.run("q", fifty())) == 50
+    assert doc_attribute_calls == []
+
+
+async def test_non_recording_async_stage_builds_no_document_attributes(
+    doc_attribute_calls: list[int],
+) -> None:
+    stage = RerankStage(AsyncByLength(), tracer_provider=TracerProvider(sampler=ALWAYS_OFF))
+    assert len(await stage.arun("q", fifty())) == 50
+    assert doc_attribute_calls == []
+
+
+TEI_TWO = [{"index": 1, "score": 0.9}, {"index": 0, "score": 0.1}]
+
+
+@pytest.fixture
+def http_clients_made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of the httpx client classes constructed while the test runs."""
+    made: list[str] = []
+    for cls in (httpx.Client, httpx.AsyncClient):
+        real_init = cls.__init__
+
+        def init(self: Any, *args: Any, __real: Any = real_init, **kwargs: Any) -> None:
+            made.append(type(self).__name__)
+            __real(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "__init__", init)
+    return made
+
+
+def test_sync_client_makes_one_http_client_for_many_calls(
+    wm: WireMock, http_clients_made: list[str]
+) -> None:
+    wm.stub_json("/hot/rerank", TEI_TWO)
+    with RerankClient(wm.url + "/hot") as client:
+        stage = RerankStage(client, tracer_provider=TracerProvider(sampler=ALWAYS_OFF))
+        for _ in range(3):
+            client.rerank("q", ["a", "b"])
+            stage.run("q", [Candidate("a", "a"), Candidate("b", "b")])
+    assert http_clients_made == ["Client"]
+    assert len(wm.requests("/hot/rerank")) == 6
+
+
+async def test_async_client_makes_one_http_client_for_many_calls(
+    wm: WireMock, http_clients_made: list[str]
+) -> None:
+    wm.stub_json("/hot/rerank", TEI_TWO)
+    async with AsyncRerankClient(wm.url + "/hot") as client:
+        stage = RerankStage(client, tracer_provider=TracerProvider(sampler=ALWAYS_OFF))
+        for _ in range(3):
+            await client.rerank("q", ["a", "b"])
+            await stage.arun("q", [Candidate("a", "a"), Candidate("b", "b")])
+    assert http_clients_made == ["AsyncClient"]
+    assert len(wm.requests("/hot/rerank")) == 6
+
+
+@pytest.mark.parametrize(
+    ("texts", "batch_size", "requests"),
+    [(["a", "b"], None, 1), (["a", "b", "c", "d"], 2, 2)],
+    ids=["one batch", "two batches"],
+)
+def test_each_response_body_is_decoded_once(
+    wm: WireMock,
+    monkeypatch: pytest.MonkeyPatch,
+    texts: list[str],
+    batch_size: int | None,
+    requests: int,
+) -> None:
+    wm.stub_json("/hot/rerank", TEI_TWO)
+    with RerankClient(wm.url + "/hot", batch_size=batch_size) as client:
+        decoded: list[int] = []
+        real_loads = json.loads
+
+        def counting_loads(*args: Any, **kwargs: Any) -> Any:
+            decoded.append(1)
+            return real_loads(*args, **kwargs)
+
+        monkeypatch.setattr(json, "loads", counting_loads)
+        result = client.rerank_response("q", texts)
+        monkeypatch.setattr(json, "loads", real_loads)
+    assert result.requests == requests
+    assert len(decoded) == requests
+
+
+@pytest.fixture
+def set_attributes_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Sizes of the SDK spans' `set_attributes` calls while the test runs."""
+    from opentelemetry.sdk.trace import Span as SdkSpan
+
+    sizes: list[int] = []
+    real = SdkSpan.set_attributes
+
+    def counting(self: Any, attributes: Any) -> None:
+        sizes.append(len(attributes))
+        real(self, attributes)
+
+    monkeypatch.setattr(SdkSpan, "set_attributes", counting)
+    return sizes
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["ok", "fallback"])
+def test_a_recording_span_gets_its_end_attributes_in_one_call(
+    set_attributes_calls: list[int], recording: TracerProvider, fail: bool
+) -> None:
+    RerankStage(by_length(fail), tracer_provider=recording).run("q", fifty())
+    (size,) = set_attributes_calls
+    assert size > 50  # the outcome and the documents together
+
+
+def test_document_keys_past_the_precomputed_bound_name_their_position() -> None:
+    from opentelemetry.sdk.trace import SpanLimits
+
+    n = fit_module.KEY_CACHE_BOUND + 10
+    cands = [Candidate(f"doc-{i}", f"t{i}", float(i)) for i in range(n)]
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=SpanLimits.UNSET))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    RerankStage(ByLength(), tracer_provider=provider).run("q", cands)
+    (span,) = exporter.get_finished_spans()
+    attributes = span.attributes or {}
+    for i in (0, fit_module.KEY_CACHE_BOUND - 1, fit_module.KEY_CACHE_BOUND, n - 1):
+        assert attributes[f"reranker.input_documents.{i}.document.id"] == f"doc-{i}"
+        assert attributes[f"reranker.input_documents.{i}.document.score"] == float(i)
+    # ByLength: longer text first, then input order; position 0 of the output is doc-1000.
+    assert attributes["reranker.output_documents.0.document.id"] == "doc-1000"
+    assert attributes[f"reranker.output_documents.{n - 1}.document.id"] == "doc-9"
+    assert attributes[f"reranker.output_documents.{n - 1}.document.score"] == 2.0
