@@ -2,8 +2,8 @@
 
 Every failure of a rerank call surfaces as a `RerankError`, so a caller (and the stage's
 fallback) can catch one type. Lower-level httpx errors are translated in exactly one place,
-`client.flow.Call._transport_error`, deliberately *not* chained: an httpx exception's context (request,
-headers) could carry the API key into a recorded stack trace. No message here ever carries
+`client.flow.Call._transport_error`, deliberately *not* chained: an httpx exception's context
+(request, headers) could carry the API key into a recorded stack trace. No message here ever carries
 request headers, and server text has the key replaced before it is quoted.
 """
 
