@@ -195,7 +195,7 @@ def test_backoff_doubles_after_failures_and_is_bounded() -> None:
 
 
 def test_a_token_given_as_the_username_is_scrubbed() -> None:
-    from retrieval_stage.cli.console import scrubbed
+    from retrieval_stage._redact import scrubbed_message as scrubbed
 
     url = "https://tok3n-s3cret@rerank.internal/api"
     said = scrubbed(f"refused tok3n-s3cret at {url}", url)
