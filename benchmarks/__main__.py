@@ -1,5 +1,5 @@
 """Entry point: ``python -m benchmarks [--quick] [--only SECTION] [--json PATH]``."""
 
-from .run import main
+from .harness import main
 
 raise SystemExit(main())

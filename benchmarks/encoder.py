@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from .run import DOCS, QUERY, candidates
+from .fixtures import DOCS, QUERY, candidates
 
 
 class _Reverse:

@@ -31,15 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from . import guard
-from .run import (
-    DOCS,
-    QUERY,
-    LocalServer,
-    _drive,
-    candidates,
-    sampled_out_provider,
-    traced_provider,
-)
+from .fixtures import DOCS, QUERY, LocalServer, candidates, sampled_out_provider, traced_provider
+from .harness import drive
 
 SYNC = ("traced", "sampled-out", "client")
 ASYNC = ("async-raw", "async-sampled-out", "async-traced")
@@ -49,7 +42,7 @@ def summarize(path: Path, top: int = 25, under: str | None = None) -> str:
     """Top functions of a py-spy ``--format raw`` file (collapsed stacks, one count per line).
 
     `under` keeps only stacks with a frame containing that text (``Thread.run`` for the
-    exporter thread, ``_drive`` for the async workload), leaving start-up imports out.
+    exporter thread, ``drive`` for the async workload), leaving start-up imports out.
     """
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
@@ -113,7 +106,7 @@ def _async_workload(what: str, base_url: str, provider: Any, calls: int) -> Call
                 return await stage.arun(QUERY, cands)
 
             fn = arun
-        await _drive(fn, calls, 64)
+        await drive(fn, calls, 64)
 
     return lambda: asyncio.run(main())
 
