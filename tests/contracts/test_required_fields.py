@@ -1,7 +1,7 @@
 """Every provider's required request fields, and the client refusing to exist without them.
 
-A client that would send a request its API's published spec rejects (Cohere v2, Voyage and
-Jina list ``model`` as required) must fail at construction, before any I/O, with a message
+A client that would send a request its API's documented contract rejects (Cohere v2, Voyage
+and Jina list ``model`` as required) must fail at construction, before any I/O, with a message
 naming the provider and a model it documents, not at the first call with the server's 4xx.
 """
 
@@ -15,8 +15,10 @@ import pytest
 from retrieval_stage import PROVIDERS, AsyncRerankClient, RerankClient
 from retrieval_stage.client.providers import check_required_fields
 
-# What each API's published request schema requires (tests/contracts/specs; vLLM and the
-# sidecar publish none: vLLM's FastAPI model defaults model to the served one).
+from . import contract
+
+# What each API's documented request requires (the contracts in schemas/, checked below; vLLM
+# and the sidecar document none: vLLM's FastAPI model defaults model to the served one).
 REQUIRES_MODEL = {
     "tei": False,  # RerankRequest: required [query, texts]; no model field at all
     "cohere": True,  # /v2/rerank: required [query, documents, model]
@@ -42,6 +44,13 @@ def _no_io(request: httpx.Request) -> httpx.Response:
 
 def test_the_table_covers_every_provider() -> None:
     assert sorted(REQUIRES_MODEL) == sorted(PROVIDERS)
+
+
+@pytest.mark.parametrize("provider", contract.DOCUMENTED)
+def test_the_table_is_what_the_documented_request_requires(provider: str) -> None:
+    required = set(contract.request_schema(provider)["required"])
+    texts = PROVIDERS[provider].texts_field
+    assert required == {"query", texts, *(("model",) if REQUIRES_MODEL[provider] else ())}
 
 
 @pytest.mark.parametrize("provider", sorted(PROVIDERS))

@@ -1,11 +1,14 @@
-"""The client against the rerank APIs' own published specifications (specs/, see SOURCES.md).
+"""The client against the rerank APIs' documented contracts (schemas/, written from each
+provider's documentation; sources in SOURCES.md).
 
+0. Each contract is a valid JSON Schema, and the client posts to the documented path.
 1. Every request body the client can send (plain, top_k, batched, batched with top_k,
-   batch_size="auto"), captured by a real WireMock, validates against the spec's request schema.
-2. Responses generated from the spec's response schema (Hypothesis, derandomised)
+   batch_size="auto"), captured by a real WireMock, validates against the documented request
+   and holds only documented fields.
+2. Responses generated from the documented response schema (Hypothesis, derandomised)
    map to the caller's own items by index. A schema cannot say "index < number of texts sent"
    or "each index once", so the generator draws the indices as a permutation of the batch.
-3. Every error the spec documents raises `RerankStatusError` with its status and message.
+3. Every documented error status raises `RerankStatusError` with its status and message.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from hypothesis import strategies as st
 from retrieval_stage import PROVIDERS, RerankClient, RerankStatusError
 
 from ..conftest import WireMock
-from . import spec
+from . import contract
 
-PUBLISHED = sorted(spec.RERANK_PATHS)
+DOCUMENTED = contract.DOCUMENTED
 MODELS = {
     "tei": None,
     "cohere": "rerank-v3.5",
@@ -40,7 +43,7 @@ QUERY = "What is the capital of the United States?"
 
 
 def envelope(provider: str, entries: list[dict[str, Any]]) -> Any:
-    """A response body as the spec shapes it (with every field it requires)."""
+    """A response body as the contract shapes it (with every field it requires)."""
     fmt = PROVIDERS[provider]
     usage = {"prompt_tokens": 7, "total_tokens": 7}
     wrap: dict[str, dict[str, Any]] = {
@@ -66,6 +69,28 @@ def ranked(provider: str, indices: list[int]) -> Any:
     return envelope(
         provider, [{"index": i, key: round(0.9 - 0.1 * r, 2)} for r, i in enumerate(indices)]
     )
+
+
+# -- 0. the contracts themselves ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", DOCUMENTED)
+def test_each_documented_contract_is_a_valid_json_schema(provider: str) -> None:
+    found = contract.schemas(provider)
+    assert [where for where, _ in found][:2] == ["request", "response"]
+    for where, schema in found:
+        contract.check_schema(schema)
+        assert "$ref" not in json.dumps(schema), where
+
+
+def test_every_provider_with_a_documented_contract_is_one_the_client_speaks() -> None:
+    assert set(DOCUMENTED) <= set(PROVIDERS)
+    assert set(DOCUMENTED) == set(MODELS)
+
+
+@pytest.mark.parametrize("provider", DOCUMENTED)
+def test_the_client_posts_to_the_documented_path(provider: str) -> None:
+    assert contract.endpoint(provider) == ("POST", PROVIDERS[provider].path)
 
 
 # -- 1. request bodies, captured by WireMock ------------------------------------------------------
@@ -106,10 +131,7 @@ def _stub_scenario(wm: WireMock, provider: str, scenario: Scenario, prefix: str)
             "tokenization_workers": 4,
             "version": "1.9.3",
         }
-        info_schema = spec.resolved(
-            provider, spec.document(provider)["components"]["schemas"]["Info"]
-        )
-        spec.validate(info_schema, info)
+        contract.validate(contract.other_response_schema(provider, "GET /info"), info)
         wm.stub_json(prefix + "/info", info, method="GET")
     if batched:
         bodies = {"default": ranked(provider, [1, 0]), "last": ranked(provider, [0])}
@@ -118,7 +140,7 @@ def _stub_scenario(wm: WireMock, provider: str, scenario: Scenario, prefix: str)
     else:
         bodies = {"default": ranked(provider, [4, 3, 2, 1, 0])}
     for body in bodies.values():
-        spec.validate(spec.response_schema(provider), body)  # our own stubs follow the spec
+        contract.validate(contract.response_schema(provider), body)  # stubs follow it too
     wm.stub_json(path, bodies["default"])
     if "last" in bodies:  # the 1-text batch [t4]
         wm.stub(
@@ -139,17 +161,17 @@ def _stub_scenario(wm: WireMock, provider: str, scenario: Scenario, prefix: str)
 
 
 def _model_cases() -> list[tuple[str, str | None]]:
-    cases = [(p, MODELS[p]) for p in PUBLISHED]
-    cases += [(p, None) for p in PUBLISHED if not PROVIDERS[p].requires_model and MODELS[p]]
+    cases = [(p, MODELS[p]) for p in DOCUMENTED]
+    cases += [(p, None) for p in DOCUMENTED if not PROVIDERS[p].requires_model and MODELS[p]]
     return cases
 
 
 @pytest.mark.parametrize(("provider", "model"), _model_cases())
-def test_every_request_body_the_client_sends_validates_against_the_published_spec(
+def test_every_request_body_the_client_sends_validates_against_the_documented_request(
     wm: WireMock, provider: str, model: str | None
 ) -> None:
     fmt = PROVIDERS[provider]
-    schema = spec.request_schema(provider)
+    schema = contract.request_schema(provider)
     for scenario in SCENARIOS:
         prefix = f"/contract/{provider}/{scenario.name}"
         _stub_scenario(wm, provider, scenario, prefix)
@@ -164,31 +186,33 @@ def test_every_request_body_the_client_sends_validates_against_the_published_spe
         assert len(result) == (scenario.top_k or len(TEXTS)), scenario
         bodies = wm.bodies(prefix + fmt.path)
         batched = scenario.batch_size == 2 or (scenario.batch_size == "auto" and provider == "tei")
-        assert [len(b[fmt.texts_field]) for b in bodies] == ([2, 2, 1] if batched else [5])
         for body in bodies:
-            spec.validate(schema, body)
+            contract.validate(schema, body)
+            assert set(body) <= set(schema["properties"]), (scenario, body)  # documented fields
             assert set(fmt.required_fields) <= set(body), (scenario, body)
-            if scenario.top_k is not None and fmt.top_n_field is not None:
+        assert [len(b[fmt.texts_field]) for b in bodies] == ([2, 2, 1] if batched else [5])
+        if scenario.top_k is not None and fmt.top_n_field is not None:
+            for body in bodies:
                 assert body[fmt.top_n_field] == min(2, len(body[fmt.texts_field]))
 
 
-@pytest.mark.parametrize("provider", sorted(p for p in PUBLISHED if PROVIDERS[p].requires_model))
-def test_a_model_less_body_is_what_the_spec_rejects(provider: str) -> None:
-    """The reason the client refuses to be built without a model: the spec says no."""
+@pytest.mark.parametrize("provider", sorted(p for p in DOCUMENTED if PROVIDERS[p].requires_model))
+def test_a_model_less_body_is_what_the_documented_request_rejects(provider: str) -> None:
+    """The reason the client refuses to be built without a model: the documentation says no."""
     body = {"query": QUERY, PROVIDERS[provider].texts_field: TEXTS}
     with pytest.raises(Exception, match="'model' is a required property"):
-        spec.validate(spec.request_schema(provider), body)
+        contract.validate(contract.request_schema(provider), body)
 
 
 # -- 2. responses generated from the published response schema ------------------------------------
 
 
 def _generation_schema(provider: str, n_results: int, n_texts: int) -> dict[str, Any]:
-    """The spec's 200 schema, with the results array sized to the results the request asked
+    """The documented 200 schema, with the results array sized to the results the request asked
     for, every entry carrying the index and score keys (Voyage leaves them optional) and the
     score bounded (a finite float the client can read)."""
     fmt = PROVIDERS[provider]
-    schema = spec.response_schema(provider)
+    schema = contract.response_schema(provider)
     array = schema if fmt.results_key is None else schema["properties"][fmt.results_key]
     if fmt.results_key is not None:
         schema["required"] = sorted({*schema.get("required", []), fmt.results_key})
@@ -205,7 +229,7 @@ def _generation_schema(provider: str, n_results: int, n_texts: int) -> dict[str,
 
 @cache
 def _responses(provider: str, n_results: int, n_texts: int) -> st.SearchStrategy[Any]:
-    return spec.strategy(_generation_schema(provider, n_results, n_texts))
+    return contract.strategy(_generation_schema(provider, n_results, n_texts))
 
 
 @dataclass(frozen=True)
@@ -222,7 +246,7 @@ def _serve(body: Any) -> Callable[[httpx.Request], httpx.Response]:
     return handler
 
 
-@pytest.mark.parametrize("provider", PUBLISHED)
+@pytest.mark.parametrize("provider", DOCUMENTED)
 @settings(
     max_examples=40,
     derandomize=True,
@@ -230,7 +254,7 @@ def _serve(body: Any) -> Callable[[httpx.Request], httpx.Response]:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(data=st.data())
-def test_generated_spec_responses_map_to_the_callers_items_by_index(
+def test_responses_generated_from_the_documented_schema_map_to_the_callers_items_by_index(
     provider: str, data: st.DataObject
 ) -> None:
     fmt = PROVIDERS[provider]
@@ -242,7 +266,7 @@ def test_generated_spec_responses_map_to_the_callers_items_by_index(
     entries = body if fmt.results_key is None else body[fmt.results_key]
     for entry, index in zip(entries, order, strict=True):
         entry["index"] = index
-    spec.validate(spec.response_schema(provider), body)
+    contract.validate(contract.response_schema(provider), body)
     items = [Doc(f"text {i}") for i in range(n)]
     http = httpx.Client(transport=httpx.MockTransport(_serve(body)))
     with RerankClient(
@@ -266,38 +290,42 @@ def test_generated_spec_responses_map_to_the_callers_items_by_index(
 # -- 3. documented errors ----------------------------------------------------------------------
 
 
+# The codes a documented range stands for in the tests.
+RANGES = {"4XX": [400, 401, 403, 404, 422, 429], "5XX": [500, 502, 503]}
+
+
+def _error_body(schema: dict[str, Any] | None, code: int) -> tuple[Any, str]:
+    """A body of the documented shape and the message the client must read from it."""
+    detail = (schema or {}).get("properties", {}).get("detail")
+    if detail is not None and detail.get("type") == "array":
+        # FastAPI's validation list, read as type, message and location (the client's
+        # sanitiser drops any echoed "input").
+        return {"detail": [{"loc": ["body", "top_n"], "msg": "bad", "type": "x"}]}, (
+            "x: bad (at body.top_n)"
+        )
+    if detail is not None:  # Voyage {"detail": "..."}
+        return {"detail": f"documented {code}"}, f"documented {code}"
+    # Cohere {"message", "id"}; also what is sent where no body shape is documented (Voyage 5XX).
+    return {"message": f"documented {code}", "id": "e-1"}, f"documented {code}"
+
+
 def _documented_errors() -> list[tuple[str, int, Any, str]]:
     """(provider, status, body, message the client must report) for every documented error:
-    the spec's own example where it gives one (TEI), else a body valid against its schema."""
+    the documented example where there is one (TEI), else a body valid against its schema."""
     cases: list[tuple[str, int, Any, str]] = []
-    for provider in PUBLISHED:
-        for status in spec.error_statuses(provider):
-            raw = spec.document(provider)["paths"][spec.RERANK_PATHS[provider]]["post"]
-            content = spec.resolved(provider, raw["responses"][status]).get("content", {})
-            example = raw["responses"][status].get("content", {}).get("application/json", {})
-            ranges = {"4XX": [400, 401, 403, 404, 422, 429], "5XX": [500, 502, 503]}
-            codes = ranges[status] if status in ranges else [int(status)]
-            for code in codes:
-                if "example" in example:  # TEI: {"error", "error_type"} in lower case
-                    body = example["example"]
+    for provider in DOCUMENTED:
+        for status in contract.error_statuses(provider):
+            documented = contract.error(provider, status)
+            schema = documented.get("body")
+            for code in RANGES[status] if status in RANGES else [int(status)]:
+                if "example" in documented:  # TEI: {"error", "error_type"} in lower case
+                    body = documented["example"]
                     message = f"{body['error']} ({body['error_type']})"
-                elif "detail" in json.dumps(content):  # FastAPI / Voyage {"detail"}
-                    schema = content["application/json"]["schema"]
-                    detail_kind = schema["properties"]["detail"].get("type")
-                    if detail_kind == "array":
-                        body = {"detail": [{"loc": ["body", "top_n"], "msg": "bad", "type": "x"}]}
-                        # FastAPI's validation list, read as type, message and location
-                        # (the client's sanitiser drops any echoed "input").
-                        message = "x: bad (at body.top_n)"
-                    else:
-                        body = {"detail": f"documented {code}"}
-                        message = body["detail"]
-                else:  # Cohere {"message", "id"}
-                    body = {"message": f"documented {code}", "id": "e-1"}
-                    message = body["message"]
-                if content and "example" not in example:
-                    # (TEI's own examples break its enum: "empty" for "Empty". Taken as is.)
-                    spec.validate(content["application/json"]["schema"], body)
+                    # (Not validated: the examples break the enum, "empty" for "Empty".)
+                else:
+                    body, message = _error_body(schema, code)
+                    if schema is not None:
+                        contract.validate(schema, body)
                 cases.append((provider, code, body, message))
     return cases
 
@@ -335,8 +363,8 @@ def test_every_documented_error_raises_the_typed_error_with_its_status(
 
 @pytest.mark.parametrize("status", [413, 422], ids=["tei-1.6-413", "tei-1.9-422"])
 def test_tei_batch_size_refusal_in_either_status_teaches_the_cap(status: int) -> None:
-    """TEI refuses an over-size batch with 413 up to 1.8 and 422 from 1.9 (the spec still
-    documents 413), and writes error_type in lower case as its own examples do."""
+    """TEI refuses an over-size batch with 413 up to 1.8 and 422 from 1.9 (the documentation
+    still says 413), and writes error_type in lower case as its own examples do."""
     seen: list[int] = []
 
     def handler(request: httpx.Request) -> httpx.Response:
