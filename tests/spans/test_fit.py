@@ -179,17 +179,31 @@ def test_each_response_body_is_decoded_once(
 
 @pytest.fixture
 def set_attributes_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Sizes of the SDK spans' `set_attributes` calls while the test runs."""
+    """Sizes of the attribute writes to SDK spans while the test runs: the SDK's
+    `set_attributes` and the writer's shortcut past it (`otel_private.set_span_attributes`,
+    counted once even when it hands over to the SDK)."""
     from opentelemetry.sdk.trace import Span as SdkSpan
 
     sizes: list[int] = []
     real = SdkSpan.set_attributes
+    real_shortcut = reranker_spans.set_span_attributes
+    inside: list[bool] = []
 
     def counting(self: Any, attributes: Any) -> None:
-        sizes.append(len(attributes))
+        if not inside:
+            sizes.append(len(attributes))
         real(self, attributes)
 
+    def counting_shortcut(span: Any, attributes: Any) -> None:
+        sizes.append(len(attributes))
+        inside.append(True)
+        try:
+            real_shortcut(span, attributes)
+        finally:
+            inside.pop()
+
     monkeypatch.setattr(SdkSpan, "set_attributes", counting)
+    monkeypatch.setattr(reranker_spans, "set_span_attributes", counting_shortcut)
     return sizes
 
 
