@@ -1,4 +1,4 @@
-"""Section ``transports``: the async client against raw aiohttp and raw httpx, side by side.
+"""transports: the async client against raw aiohttp and raw httpx, side by side (issue 26).
 
 Issue 26's targets, at 64 concurrent callers, 20 ms server latency, 50 documents per call, in one
 run: `AsyncRerankClient` >= 0.85x a raw `aiohttp.ClientSession` loop's calls per second,
@@ -23,18 +23,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .run import (
-    DOCS,
-    QUERY,
-    LocalServer,
-    Row,
-    Scale,
-    _drive,
-    candidates,
-    per_round,
-    sampled_out_provider,
-    traced_provider,
-)
+from ..fixtures import DOCS, QUERY, LocalServer, candidates, sampled_out_provider, traced_provider
+from ..harness import Scale, drive, per_round
+from ..report import Row, verdict
+
+SCALE = {"transports_rounds": (5, 1), "transports_calls": (1536, 256)}
 
 CONCURRENCY = 64
 DELAY_MS = 20
@@ -53,7 +46,7 @@ TARGETS = {CLIENT: 0.85, STAGE_OFF: 0.8, STAGE_ON: 0.5}
 
 def rounds_of(scale: Scale) -> tuple[int, int]:
     """Rounds, and calls per variant per round (a multiple of the concurrency)."""
-    return scale.throughput_rounds, scale.throughput_calls // CONCURRENCY * CONCURRENCY
+    return scale.transports_rounds, scale.transports_calls // CONCURRENCY * CONCURRENCY
 
 
 async def _measure(
@@ -127,7 +120,7 @@ async def _measure(
     }
     try:
         for fn in variants.values():  # warm: connections, caches, the exporter's thread
-            await _drive(fn, CONCURRENCY * 4, CONCURRENCY)
+            await drive(fn, CONCURRENCY * 4, CONCURRENCY)
         traced.force_flush()
         names = list(variants)
         for r in range(rounds):
@@ -135,7 +128,7 @@ async def _measure(
                 gc.collect()
                 before = await accepted()
                 started, cpu_started = time.perf_counter(), time.process_time()
-                await _drive(variants[name], calls, CONCURRENCY)
+                await drive(variants[name], calls, CONCURRENCY)
                 if name == STAGE_ON:
                     traced.force_flush()
                 out["cpu_seconds_per_call"][name].append(
@@ -153,7 +146,7 @@ async def _measure(
     return out
 
 
-def transports(
+def measure(
     server: LocalServer,
     scale: Scale,
     extra: Callable[[str], dict[str, Callable[[], Awaitable[object]]]] | None = None,
@@ -185,8 +178,8 @@ def _extra_cost(cpu: dict[str, list[float]]) -> dict[str, float]:
     return {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
 
 
-def rows(t: dict[str, Any]) -> list[Row]:
-    """Target rows first (met or not), then every variant's rate, CPU and connections."""
+def targets(t: dict[str, Any], results: dict[str, Any]) -> list[Row]:
+    """Issue 26's three throughput targets, each a per-round ratio to raw aiohttp."""
     out: list[Row] = []
     at = f"@{t['concurrency']}, {t['delay_ms']} ms"
     for name, target in TARGETS.items():
@@ -196,9 +189,16 @@ def rows(t: dict[str, Any]) -> list[Row]:
                 f"{name} / raw aiohttp, calls/s {at}",
                 f"{ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})",
                 f">= {target}x",
-                "met" if ratio["median"] >= target else "NOT met",
+                verdict(ratio["median"] >= target),
             )
         )
+    return out
+
+
+def rows(t: dict[str, Any], results: dict[str, Any]) -> list[Row]:
+    """The tracing CPU in raw aiohttp calls, then every variant's rate, CPU and connections."""
+    out: list[Row] = []
+    at = f"@{t['concurrency']}, {t['delay_ms']} ms"
     extra = t["tracing_cpu_in_raw_aiohttp_calls"]
     out.append(
         (
