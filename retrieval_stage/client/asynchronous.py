@@ -1,7 +1,9 @@
 """`AsyncRerankClient`: the asynchronous driver of the rerank flow.
 
 A call's sub-batches go concurrently under one task group, bounded by `max_concurrency`; one
-cancel scope bounds the whole call at its deadline.
+cancel scope bounds the whole call at its deadline. Requests go through aiohttp
+(`aiohttp_io`), or through the caller's own ``httpx.AsyncClient`` when one is given; either
+way every body is read under `max_response_bytes` and errors reach the flow as httpx's.
 """
 
 from __future__ import annotations
@@ -9,16 +11,20 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import httpx
 
-from ..errors import RerankClientClosedError, RerankError
+from ..errors import RerankClientClosedError, RerankError, RerankProtocolError
 from ..models import RerankResponse
+from .bounded_body import BodyRefused, too_large
 from .core import ClientCore
 from .flow import Call
 from .steps import Finished, Flow, Fork, Pairs, Reply, Send, Sleep, advance
+
+if TYPE_CHECKING:
+    from .aiohttp_io import AiohttpIO
 
 __all__ = ["AsyncRerankClient"]
 
@@ -36,18 +42,31 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
 
     `max_concurrency` bounds the requests of one call; concurrent calls each get their own
     bound (a client-wide limiter would tie the client to one event loop). One cancel scope
-    bounds the whole call at its deadline.
+    bounds the whole call at its deadline. Without an `http_client` the client sends through
+    one aiohttp session of its own, opened on the first call inside the running loop.
     """
 
     _loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
+    _aio: AiohttpIO | None = None
 
-    def _new_http(self) -> httpx.AsyncClient:
-        # The call's cancel scope enforces the deadline; the per-phase timeouts only back it up.
-        return httpx.AsyncClient(timeout=httpx.Timeout(self.timeout))
+    def _new_http(self) -> None:
+        # Our own I/O is aiohttp's: httpx's async pool scans every pooled connection per
+        # request, which at high concurrency costs more CPU than the rest of the call.
+        # Imported here: a sync-only program never loads aiohttp.
+        from .aiohttp_io import AiohttpIO
+
+        self._aio = AiohttpIO(
+            self.base_url, timeout=self.timeout, max_response_bytes=self.max_response_bytes
+        )
 
     @classmethod
     def _http_type(cls) -> type[httpx.AsyncClient]:
         return httpx.AsyncClient
+
+    def _is_closed(self) -> bool:
+        if self._aio is not None:
+            return self._aio.is_closed
+        return super()._is_closed()
 
     async def __aenter__(self) -> AsyncRerankClient:
         return self
@@ -56,8 +75,10 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the httpx client if this client created it."""
-        if self._owns_http:
+        """Close the HTTP session if this client made it (never a caller's http_client)."""
+        if self._aio is not None:
+            await self._aio.aclose()
+        elif self._owns_http and self._http is not None:
             await self._http.aclose()
 
     async def rerank(
@@ -84,12 +105,11 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
         if not call.texts:  # nothing to send: no loop to check, no deadline to arm
             return self._finish(kept, call, [])
         self._check_loop()
-        limiter = anyio.CapacityLimiter(self.max_concurrency)
         try:
             with anyio.CancelScope(
                 deadline=anyio.current_time() + call.deadline.remaining()
             ) as scope:
-                pairs = await self._drive(call, call.flow(), limiter)
+                pairs = await self._drive(call, call.flow(), None)
             if scope.cancelled_caught:
                 raise call.deadline_error()
         except RerankError as exc:
@@ -104,13 +124,20 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
             raise RerankClientClosedError(_LOOP_CLOSED)
         self._loop = weakref.ref(loop)
 
-    async def _drive(self, call: Call, flow: Flow, limiter: anyio.CapacityLimiter) -> Pairs:
-        """Run `flow` to its end, awaiting each step it asks for."""
+    async def _drive(self, call: Call, flow: Flow, limiter: anyio.CapacityLimiter | None) -> Pairs:
+        """Run `flow` to its end, awaiting each step it asks for.
+
+        `limiter` is None until a `Fork` runs sub-flows side by side: a call's requests can
+        only overlap there, so a one-batch call never pays for a limiter.
+        """
         answer: Any = None
         while not isinstance(step := advance(flow, answer), Finished):
             if isinstance(step, Send):
-                async with limiter:
+                if limiter is None:
                     answer = await self._send(call, step)
+                else:
+                    async with limiter:
+                        answer = await self._send(call, step)
             elif isinstance(step, Sleep):
                 await anyio.sleep(step.seconds)
                 answer = None
@@ -118,11 +145,16 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
                 answer = await self._fork(call, step, limiter)
         return step.value
 
-    async def _fork(self, call: Call, fork: Fork, limiter: anyio.CapacityLimiter) -> list[Pairs]:
+    async def _fork(
+        self, call: Call, fork: Fork, limiter: anyio.CapacityLimiter | None
+    ) -> list[Pairs]:
         """Every sub-flow under one task group, all or nothing: the first `RerankError`
-        cancels the rest and is raised, so no partial result can carry wrong labels."""
+        cancels the rest and is raised, so no partial result can carry wrong labels. The
+        call's one limiter is made here, at its first fork, and shared by every sub-flow."""
         if len(fork.flows) == 1:
             return [await self._drive(call, fork.flows[0], limiter)]
+        if limiter is None:
+            limiter = anyio.CapacityLimiter(self.max_concurrency)
         results: list[Pairs | None] = [None] * len(fork.flows)
         failures: list[Exception] = []
 
@@ -141,19 +173,42 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
         return [r for r in results if r is not None]
 
     async def _send(self, call: Call, step: Send) -> Reply | httpx.HTTPError:
-        extra: dict[str, Any] = {}
-        if not self._owns_http:  # the caller's client has its own timeouts; cap them
-            extra["timeout"] = call.deadline.remaining()
         try:
-            response = await self._http.request(
-                step.method, step.url, headers=step.headers, json=step.body, **extra
+            if self._aio is None:
+                return await self._send_httpx(call, step)
+            status, headers, content = await self._aio.request(
+                step.method, step.url, step.headers, step.body
             )
+            return Reply(status, headers, content)
         except httpx.HTTPError as exc:
             return exc
+        except BodyRefused as exc:
+            raise RerankProtocolError(f"{self.provider}: {exc}") from None
         except RuntimeError as exc:
-            if self._http.is_closed:
+            if self._is_closed():
                 raise self._closed_error() from None
             if "loop" in str(exc).lower():
                 raise RerankClientClosedError(_LOOP_CLOSED) from None
             raise
-        return Reply(response.status_code, response.headers, response.content)
+
+    async def _send_httpx(self, call: Call, step: Send) -> Reply | httpx.HTTPError:
+        """One request through the caller's httpx client, its timeouts capped at the time
+        left, the decoded body read under `max_response_bytes`."""
+        http = self._http
+        assert http is not None
+        cap = self.max_response_bytes
+        async with http.stream(
+            step.method,
+            step.url,
+            headers=step.headers,
+            json=step.body,
+            timeout=call.deadline.remaining(),
+        ) as response:
+            parts: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > cap:
+                    raise too_large(cap)
+                parts.append(chunk)
+        return Reply(response.status_code, response.headers, b"".join(parts))

@@ -26,9 +26,13 @@ from .providers import check_required_fields, get_format
 from .retry import Deadline
 from .steps import Pairs
 
-__all__ = ["CLOSED", "ClientCore"]
+__all__ = ["CLOSED", "DEFAULT_MAX_RESPONSE_BYTES", "ClientCore"]
 
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
+
+DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+"""The most bytes of one response body (decoded) a client reads before refusing it: a rerank
+answer for thousands of documents is a few hundred KB."""
 T = TypeVar("T")
 
 CLOSED = (
@@ -40,7 +44,7 @@ CLOSED = (
 class ClientCore(Generic[H]):
     """Configuration, the httpx client and what the server taught, shared by both drivers."""
 
-    _http: H
+    _http: H | None
 
     def __init__(
         self,
@@ -57,6 +61,7 @@ class ClientCore(Generic[H]):
         max_concurrency: int = 8,
         random: Callable[[], float] = _random.random,
         clock: Callable[[], float] = time.monotonic,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         # One rule per value, shared with RerankSettings and the CLI (validate.py); each
         # refusal is a ValueError whose ``field`` names the argument.
@@ -81,6 +86,14 @@ class ClientCore(Generic[H]):
             raise validate.InvalidSetting(
                 "max_concurrency", f"must be an int >= 1, got {max_concurrency!r}"
             )
+        if (
+            isinstance(max_response_bytes, bool)
+            or not isinstance(max_response_bytes, int)
+            or max_response_bytes < 1
+        ):
+            raise validate.InvalidSetting(
+                "max_response_bytes", f"must be an int >= 1, got {max_response_bytes!r}"
+            )
         # Never echo the key: it would land in whatever logs the caller's traceback.
         api_key = validate.api_key(api_key)
         wire = get_format(provider)
@@ -90,6 +103,7 @@ class ClientCore(Generic[H]):
         self.timeout = float(timeout)
         self.max_retries = max_retries
         self.max_concurrency = max_concurrency
+        self.max_response_bytes = max_response_bytes
         self._plan = Plan(
             format=wire,
             base_url=self.base_url,
@@ -108,9 +122,14 @@ class ClientCore(Generic[H]):
         self._owns_http = http_client is None
         self._http = http_client if http_client is not None else self._new_http()
 
-    def _new_http(self) -> H:
-        """A fresh httpx client of the flavour the subclass drives (TLS verification on)."""
+    def _new_http(self) -> H | None:
+        """A fresh httpx client of the flavour the subclass drives (TLS verification on), or
+        None when the subclass sends through I/O of its own (the async client's aiohttp)."""
         raise NotImplementedError
+
+    def _is_closed(self) -> bool:
+        """Whether the client's HTTP I/O has been closed."""
+        return self._http is not None and self._http.is_closed
 
     @classmethod
     def _http_type(cls) -> type[H]:
@@ -147,7 +166,7 @@ class ClientCore(Generic[H]):
         self, query: str, items: Sequence[T], text: Callable[[T], str] | None, top_k: int | None
     ) -> tuple[list[T], Call]:
         """Refuse a closed client, check and snapshot the arguments, arm the deadline."""
-        if self._http.is_closed:
+        if self._is_closed():
             raise RerankClientClosedError(CLOSED.format(cls=type(self).__name__))
         kept, texts, cap = snapshot(query, items, text, top_k)
         check_sendable(query, texts)

@@ -40,6 +40,8 @@ class RerankClient(ClientCore[httpx.Client]):
     client.rerank("what is rust", ["rust is a language", "bananas"])``
     """
 
+    _http: httpx.Client  # always an httpx client: the caller's, or ours
+
     def _new_http(self) -> httpx.Client:
         # Our transport caps every socket read at the call's deadline. httpx builds proxy
         # routes from HTTP(S)_PROXY only for its own transport, so where a proxy is configured

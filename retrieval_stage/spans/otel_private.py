@@ -1,27 +1,46 @@
 """The only place the library reads OpenTelemetry state that has no public API.
 
-Two facts have no public accessor in opentelemetry-api/-sdk 1.45:
+Two facts have no public accessor in opentelemetry-api/-sdk 1.45, and one write has no cheap
+public path:
 
 - whether instrumentation is suppressed: the API's context key ``_SUPPRESS_INSTRUMENTATION_KEY``
   is what OpenTelemetry's own instrumentations, its span processors and OpenInference's
   `suppress_tracing` set and read (the public `suppress_instrumentation` lives in the
   separate ``opentelemetry-instrumentation`` package, which this library does not need);
 - an SDK span's attribute-count limit: the SDK keeps its `SpanLimits` on ``span._limits`` and
-  exposes the attributes only as a read-only mapping without the bound.
+  exposes the attributes only as a read-only mapping without the bound;
+- writing a RERANKER span's ~300 outcome attributes: the SDK's ``set_attributes`` re-validates
+  every value (a recursive ``_clean_attribute_value`` over the mapping) and stores key by key,
+  which profiled as the largest single cost a traced async call adds on the event loop (issue
+  26). `set_span_attributes` stores values that provably need no cleaning straight into the
+  span's attribute dict, under the span's and the dict's own locks, and hands anything else to
+  the SDK.
 
-`tests/spans/test_otel_private.py` pins both against the installed SDK, so a release that moves
+`tests/spans/test_otel_private.py` pins all three against the installed SDK, so a release that moves
 either fails that test loudly instead of silently changing what the spans keep.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
+from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.trace import Span
+from opentelemetry.util.types import AttributeValue
 
-__all__ = ["SDK_DEFAULT_ATTRIBUTE_LIMIT", "attribute_limit", "tracing_suppressed"]
+__all__ = [
+    "SDK_DEFAULT_ATTRIBUTE_LIMIT",
+    "attribute_limit",
+    "set_span_attributes",
+    "tracing_suppressed",
+]
+
+_CLEAN = frozenset((str, bool, int, float))
+"""Value types the SDK stores unchanged (when no value-length limit is set)."""
 
 SDK_DEFAULT_ATTRIBUTE_LIMIT = 128
 """The SDK's span attribute-count limit when neither code nor environment sets one."""
@@ -47,3 +66,39 @@ def attribute_limit(span: Span) -> int | None:
             return value if isinstance(value, int) else None
     raw = os.environ.get("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "")
     return int(raw) if raw.isdigit() else SDK_DEFAULT_ATTRIBUTE_LIMIT
+
+
+def set_span_attributes(span: Span, attributes: Mapping[str, AttributeValue]) -> None:
+    """``span.set_attributes(attributes)``, with the same result, minus the SDK's re-cleaning.
+
+    Taken only for a live SDK span with no value-length limit, room for every new key (so
+    nothing is evicted) and values that are plain str/bool/int/float under non-empty str keys;
+    a key already set moves to the end, as the SDK moves it. Anything else (another span
+    implementation, an ended span, lists, a full span) goes through ``set_attributes``.
+    """
+    bounded = getattr(span, "_attributes", None)
+    if (
+        isinstance(span, SdkSpan)
+        and type(bounded) is BoundedAttributes
+        and bounded.max_value_len is None
+        and _plain(attributes)
+    ):
+        with span._lock:
+            if span._end_time is None:
+                with bounded._lock:
+                    stored = bounded._dict
+                    fresh = attributes.keys() - stored.keys()
+                    if bounded.maxlen is None or len(stored) + len(fresh) <= bounded.maxlen:
+                        for key in attributes.keys() - fresh:
+                            del stored[key]
+                        stored.update(attributes)
+                        return
+    span.set_attributes(attributes)
+
+
+def _plain(attributes: Mapping[str, AttributeValue]) -> bool:
+    clean = _CLEAN
+    for key, value in attributes.items():
+        if type(value) not in clean or type(key) is not str or not key:
+            return False
+    return True

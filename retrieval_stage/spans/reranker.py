@@ -46,7 +46,7 @@ from .keys import (
     ATTR_USAGE_SEARCH_UNITS,
     ATTR_USAGE_TOTAL_TOKENS,
 )
-from .otel_private import tracing_suppressed
+from .otel_private import set_span_attributes, tracing_suppressed
 
 __all__ = [
     "FALLBACK_STATUS_PREFIX",
@@ -284,7 +284,8 @@ class RerankerSpan:
                 mime_type = config.mask(SpanAttributes.OUTPUT_MIME_TYPE, _JSON)
                 if mime_type is not None:
                     stats[SpanAttributes.OUTPUT_MIME_TYPE] = mime_type
-            self.span.set_attributes(
+            set_span_attributes(
+                self.span,
                 outcome_attributes(
                     self.span,
                     stats,
@@ -293,7 +294,7 @@ class RerankerSpan:
                     config=config,
                     max_content_length=writer.max_content_length,
                     output_content=writer.output_content,
-                )
+                ),
             )
         except Exception as exc:  # pragma: no cover - defensive; see test_stage
             log.warning("rerank.span_attributes_failed", caused_by=type(exc).__name__)

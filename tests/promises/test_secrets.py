@@ -438,8 +438,12 @@ def test_tls_verification_is_on_by_default() -> None:
 
 
 async def test_async_tls_verification_is_on_by_default() -> None:
+    """The context the async client's aiohttp connections use (tests/client/test_aiohttp_io.py
+    also shows an untrusted certificate refused over a real connection)."""
     async with AsyncRerankClient("https://reranker.example") as client:
-        context = ssl_context(client._http)
+        assert client._aio is not None
+        context = client._aio.ssl_context
+        assert context is not None
         assert context.verify_mode == ssl.CERT_REQUIRED
         assert context.check_hostname
 

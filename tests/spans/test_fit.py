@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -110,9 +111,9 @@ TEI_TWO = [{"index": 1, "score": 0.9}, {"index": 0, "score": 0.1}]
 
 @pytest.fixture
 def http_clients_made(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Names of the httpx client classes constructed while the test runs."""
+    """Names of the HTTP client classes (httpx's, aiohttp's session) made while the test runs."""
     made: list[str] = []
-    for cls in (httpx.Client, httpx.AsyncClient):
+    for cls in (httpx.Client, httpx.AsyncClient, aiohttp.ClientSession):
         real_init = cls.__init__
 
         def init(self: Any, *args: Any, __real: Any = real_init, **kwargs: Any) -> None:
@@ -145,7 +146,7 @@ async def test_async_client_makes_one_http_client_for_many_calls(
         for _ in range(3):
             await client.rerank("q", ["a", "b"])
             await stage.arun("q", [Candidate("a", "a"), Candidate("b", "b")])
-    assert http_clients_made == ["AsyncClient"]
+    assert http_clients_made == ["ClientSession"]  # one aiohttp session, opened on first use
     assert len(wm.requests("/hot/rerank")) == 6
 
 
@@ -179,17 +180,31 @@ def test_each_response_body_is_decoded_once(
 
 @pytest.fixture
 def set_attributes_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Sizes of the SDK spans' `set_attributes` calls while the test runs."""
+    """Sizes of the attribute writes to SDK spans while the test runs: the SDK's
+    `set_attributes` and the writer's shortcut past it (`otel_private.set_span_attributes`,
+    counted once even when it hands over to the SDK)."""
     from opentelemetry.sdk.trace import Span as SdkSpan
 
     sizes: list[int] = []
     real = SdkSpan.set_attributes
+    real_shortcut = reranker_spans.set_span_attributes
+    inside: list[bool] = []
 
     def counting(self: Any, attributes: Any) -> None:
-        sizes.append(len(attributes))
+        if not inside:
+            sizes.append(len(attributes))
         real(self, attributes)
 
+    def counting_shortcut(span: Any, attributes: Any) -> None:
+        sizes.append(len(attributes))
+        inside.append(True)
+        try:
+            real_shortcut(span, attributes)
+        finally:
+            inside.pop()
+
     monkeypatch.setattr(SdkSpan, "set_attributes", counting)
+    monkeypatch.setattr(reranker_spans, "set_span_attributes", counting_shortcut)
     return sizes
 
 
