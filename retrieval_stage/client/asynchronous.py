@@ -14,10 +14,12 @@ from typing import Any, TypeVar
 import anyio
 import httpx
 
-from ..errors import RerankClientClosedError, RerankError
+from ..errors import RerankClientClosedError, RerankError, RerankProtocolError
 from ..models import RerankResponse
+from .body import read_body
 from .core import ClientCore
 from .flow import Call
+from .json_steps import async_reply
 from .steps import Finished, Flow, Fork, Pairs, Reply, Send, Sleep, advance
 
 __all__ = ["AsyncRerankClient"]
@@ -140,14 +142,26 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
             raise failures[0]
         return [r for r in results if r is not None]
 
-    async def _send(self, call: Call, step: Send) -> Reply | httpx.HTTPError:
+    async def _send(self, call: Call, step: Send) -> Reply | httpx.HTTPError | RerankProtocolError:
         extra: dict[str, Any] = {}
         if not self._owns_http:  # the caller's client has its own timeouts; cap them
             extra["timeout"] = call.deadline.remaining()
         try:
-            response = await self._http.request(
-                step.method, step.url, headers=step.headers, json=step.body, **extra
-            )
+            # Never a redirect (it would carry the key elsewhere); raw bytes, inflated within
+            # max_response_bytes by `read_body` (leaving early closes the connection).
+            async with self._http.stream(
+                step.method,
+                step.url,
+                headers=step.headers,
+                json=step.body,
+                follow_redirects=False,
+                **extra,
+            ) as response:
+                limit = self._plan.max_response_bytes
+                content = await read_body(response.headers, response.aiter_raw(), limit)
+                status, headers = response.status_code, response.headers
+        except RerankProtocolError as exc:
+            return exc
         except httpx.HTTPError as exc:
             return exc
         except RuntimeError as exc:
@@ -156,4 +170,4 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
             if "loop" in str(exc).lower():
                 raise RerankClientClosedError(_LOOP_CLOSED) from None
             raise
-        return Reply(response.status_code, response.headers, response.content)
+        return await async_reply(status, headers, content)

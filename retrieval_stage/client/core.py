@@ -20,6 +20,7 @@ from .._args import check_sendable, rank, snapshot
 from .._redact import masked_url
 from ..errors import RerankClientClosedError
 from ..models import RerankResponse
+from .body import DEFAULT_MAX_RESPONSE_BYTES
 from .flow import Call
 from .plan import Learned, Plan
 from .providers import check_required_fields, get_format
@@ -57,10 +58,14 @@ class ClientCore(Generic[H]):
         max_concurrency: int = 8,
         random: Callable[[], float] = _random.random,
         clock: Callable[[], float] = time.monotonic,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        send_baggage: bool = True,
     ) -> None:
         # One rule per value, shared with RerankSettings and the CLI (validate.py); each
         # refusal is a ValueError whose ``field`` names the argument.
         base_url = validate.endpoint(base_url, "base_url")
+        # Credentials leave the URL before httpx sees it: its INFO line prints the URL.
+        base_url, basic_auth = validate.split_credentials(base_url)
         if http_client is not None and not isinstance(http_client, self._http_type()):
             raise TypeError(
                 f"{type(self).__name__} needs an {self._http_type().__name__} as http_client, "
@@ -83,6 +88,13 @@ class ClientCore(Generic[H]):
             )
         # Never echo the key: it would land in whatever logs the caller's traceback.
         api_key = validate.api_key(api_key)
+        if basic_auth is not None and api_key and api_key_header.lower() == "authorization":
+            raise validate.InvalidSetting(
+                "base_url",
+                "carries user:password credentials, which would replace the api_key sent as "
+                "Authorization: Bearer: give one or the other",
+            )
+        max_response_bytes = validate.max_response_bytes(max_response_bytes)
         wire = get_format(provider)
         check_required_fields(wire, model=model)
         self.base_url = base_url.rstrip("/")
@@ -100,6 +112,9 @@ class ClientCore(Generic[H]):
             max_retries=max_retries,
             random=random,
             clock=clock,
+            max_response_bytes=max_response_bytes,
+            send_baggage=bool(send_baggage),
+            basic_auth=basic_auth,
         )
         self._learned = Learned(
             batch_size if isinstance(batch_size, int) else wire.batch_size,
@@ -127,6 +142,23 @@ class ClientCore(Generic[H]):
     def batch_size(self) -> int:
         """Texts per request now: the configured size, lowered by any cap the server taught."""
         return self._learned.batch_size
+
+    @property
+    def max_response_bytes(self) -> int:
+        """The most bytes one response may take, on the wire and decoded; a larger one is a
+        `RerankProtocolError` naming this setting (docs/reliability.md)."""
+        return self._plan.max_response_bytes
+
+    def reset_batch_size(self) -> None:
+        """Forget the batch caps servers stated (a refusal's "at most N"), so the configured
+        size is tried again: a cap learned once is otherwise kept for the client's life."""
+        self._learned.forget_cap()
+
+    @property
+    def configured_model(self) -> str | None:
+        """The model given in configuration, never what a server reported: the label metrics
+        use (a server's string per answer would be unbounded metric cardinality)."""
+        return self.model
 
     @property
     def model_name(self) -> str | None:

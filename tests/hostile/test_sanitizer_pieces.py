@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from retrieval_stage.client.sanitize import ECHO_MIN_CHARS, ECHOED, server_text
+from retrieval_stage._redact import ECHO_MIN_CHARS, ECHOED
+from retrieval_stage.client.sanitize import server_text
 
 DOC = "Glucose level 9.4 mmol per litre at night for Anna"
 QUERY = "what insulin dose"
@@ -92,7 +93,7 @@ def test_cleaning_a_long_fastapi_list_costs_one_pass_not_one_per_entry() -> None
     """1,000 entries against 1,000 documents: what is quoted is cut first, then cleaned
     once, so the number of entries does not multiply the work. Counted, not timed: the
     haystack search is done at most a bounded number of times."""
-    import retrieval_stage.client.sanitize as sanitize
+    import retrieval_stage._redact as sanitize
 
     docs = [f"document number {i} about topic {i % 7} " * 3 for i in range(1000)]
     body = fastapi(*({"type": "value_error", "msg": f"bad item {i}", "loc": ["body", i]}
