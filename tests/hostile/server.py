@@ -55,6 +55,7 @@ class HostileServer:
     handler: Handler
     requests: list[Request] = field(default_factory=list)
     keep_alive: bool = False
+    url: str = field(init=False)
     _sock: socket.socket = field(init=False)
     _conns: list[socket.socket] = field(default_factory=list, init=False)
     _closed: bool = field(default=False, init=False)
@@ -62,11 +63,8 @@ class HostileServer:
     def __post_init__(self) -> None:
         self._sock = socket.create_server(("127.0.0.1", 0))
         self._sock.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
 
     def _accept(self) -> None:
         while not self._closed:
