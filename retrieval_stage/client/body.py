@@ -23,6 +23,7 @@ __all__ = [
     "ACCEPT_ENCODING",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "BodyReader",
+    "already_read",
     "read_body",
     "read_body_sync",
 ]
@@ -147,6 +148,14 @@ class BodyReader:
             if self._wire and not self._inflate.eof:
                 raise RerankProtocolError(f"the {self._coding} body ended before its end")
         return b"".join(self._parts)
+
+
+def already_read(content: bytes, limit: int) -> bytes:
+    """A body a transport read (and decoded) itself before handing the response over (as
+    ``httpx.MockTransport`` does): only its size can still be checked."""
+    if len(content) > limit:
+        raise _too_big(limit, "as read by the transport")
+    return content
 
 
 def read_body_sync(headers: Mapping[str, str], chunks: Iterable[bytes], limit: int) -> bytes:

@@ -167,8 +167,10 @@ class ClientCore(Generic[H]):
 
     def __repr__(self) -> str:
         key = "<set>" if self._plan.api_key else None
+        url = self.base_url  # credentials were taken out; say that there are some
+        shown = url.replace("://", "://***@", 1) if self._plan.basic_auth is not None else url
         return (
-            f"{type(self).__name__}(base_url={masked_url(self.base_url)!r}, "
+            f"{type(self).__name__}(base_url={masked_url(shown)!r}, "
             f"provider={self.provider!r}, "
             f"model={self.model!r}, api_key={key}, timeout={self.timeout})"
         )
