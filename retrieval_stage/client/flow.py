@@ -82,6 +82,14 @@ class Call:
     seen_424: int = 0
     usage: Usage = field(default_factory=Usage)
     model: str | None = None
+    _hay: Hay | None = None
+
+    def hay(self) -> Hay:
+        """Everything this call sends, for the sanitiser: built once per call, and the whole
+        call's texts, not one batch's (a server may echo a text of another sub-batch)."""
+        if self._hay is None:
+            self._hay = haystack([self.query, *self.texts])
+        return self._hay
 
     # -- the flows --------------------------------------------------------------------------
 
@@ -101,7 +109,7 @@ class Call:
             cause = f"{plan.provider} exposes no batch cap"
         else:
             outcome = yield Send("GET", plan.base_url + "/info", plan.headers())
-            hay = haystack([self.query, *self.texts])
+            hay = self.hay()
             if isinstance(outcome, Reply) and outcome.is_success:
                 try:
                     cause = learned.apply_info(outcome.json(), lambda m: self._model(m, hay))
@@ -151,7 +159,7 @@ class Call:
             elif isinstance(outcome, httpx.HTTPError):
                 if self.deadline.expired():
                     raise self.deadline_error()
-                attempt = self._transport_error(outcome, batch)
+                attempt = self._transport_error(outcome)
             else:
                 assert isinstance(outcome, Reply)
                 try:
@@ -190,7 +198,7 @@ class Call:
         exc.requests, exc.retries, exc.batches = self.requests, self.retries, self.batches
         return exc
 
-    def _transport_error(self, exc: httpx.HTTPError, batch: list[str]) -> _Attempt:
+    def _transport_error(self, exc: httpx.HTTPError) -> _Attempt:
         """The one place httpx's exceptions become ours, classified for retry.
 
         The message is cleaned as server text (h11's "illegal status/header line" quotes the
@@ -198,7 +206,7 @@ class Call:
         chained, so none of it reaches logs or span stack traces.
         """
         plan = self.plan
-        detail = clean(str(exc), haystack([self.query, *batch]), plan.secrets) or "no detail"
+        detail = clean(str(exc), self.hay(), plan.secrets) or "no detail"
         what = f"{type(exc).__name__}: {detail}"
         kind: TransportKind = "other"
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
@@ -226,7 +234,7 @@ class Call:
         """
         plan = self.plan
         n = len(batch)
-        hay = haystack([self.query, *batch])
+        hay = self.hay()
         if reply.is_success:
             try:
                 body = reply.json()
@@ -253,7 +261,7 @@ class Call:
         if 300 <= status < 400:
             location = clean(shown_url(reply.headers.get("location", "")), hay, plan.secrets)
             return _Attempt(error=RerankRedirectError(status, location, provider=plan.provider))
-        message = server_text(reply.content, [self.query, *batch], plan.secrets)
+        message = server_text(reply.content, self.hay(), plan.secrets)
         error = RerankStatusError(status, message, provider=plan.provider)
         if status in (413, 422):
             cap = batch_cap(reply.content, n)

@@ -24,6 +24,7 @@ from .._redact import (
     ECHO_MIN_CHARS,
     ECHOED,
     LIMIT,
+    Hay,
     Secrets,
     clean,
     haystack,
@@ -35,10 +36,11 @@ from .providers import error_message
 __all__ = ["ECHOED", "ECHO_MIN_CHARS", "LIMIT", "server_text"]
 
 
-def server_text(content: bytes, sent: Sequence[str], secret: Secrets = None) -> str:
-    """A server's error body reduced to its own explanation, safe to quote (see module doc)."""
+def server_text(content: bytes, sent: Sequence[str] | Hay, secret: Secrets = None) -> str:
+    """A server's error body reduced to its own explanation, safe to quote (see module doc).
+    `sent` is what was sent, or its `Hay` when one is at hand."""
     content = without_secrets_bytes(content, secret)
-    hay = haystack(sent)
+    hay = sent if isinstance(sent, Hay) else haystack(sent)
     # Assembled up to what can be checked (plus room for secrets to shrink), cleaned once.
     message = error_message(content, limit=max(quotable(hay, LIMIT * 2), ECHO_MIN_CHARS) * 2)
     return clean(message, hay, secret, LIMIT)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -135,12 +136,15 @@ def call(provider: str, status: int, head: dict[str, str], body: bytes) -> None:
 
     model = "m" if PROVIDERS[provider].requires_model else None
     http = httpx.Client(transport=httpx.MockTransport(answer))
+    # The retry's wait is decided (and fuzzed) but not slept: examples, not seconds.
+    no_sleep = mock.patch("retrieval_stage.client.sync.time.sleep")
     client = RerankClient(
         "http://fuzz.invalid", provider=provider, model=model, api_key=KEY, http_client=http,
         max_retries=1, timeout=5.0, random=lambda: 0.0,
     )  # fmt: skip
     try:
-        client.rerank(QUERY, DOCS)
+        with no_sleep:
+            client.rerank(QUERY, DOCS)
     except RerankError as exc:
         for text in (str(exc), repr(exc), str(getattr(exc, "server_message", ""))):
             assert not leaked(text), text
