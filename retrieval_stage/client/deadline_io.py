@@ -48,14 +48,31 @@ def _capped(timeout: float | None) -> float | None:
     return left if timeout is None else min(timeout, left)
 
 
+_HEAD_KEPT = 65536  # enough of a response's start to find the end of its header
+
+
 class _Stream(httpcore.NetworkStream):
+    """A socket whose every operation is capped at the call's deadline, and which counts what
+    one response brought, so a connection that received more than its answer is never reused
+    (`_Body.close`): h11 would keep the extra bytes and hand them to the next request as its
+    answer, another call's scores."""
+
     def __init__(self, stream: httpcore.NetworkStream) -> None:
         self._stream = stream
+        self.received = 0
+        self.head = b""
+        self.broken = False
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._stream.read(max_bytes, _capped(timeout))
+        data = self._stream.read(max_bytes, _capped(timeout))
+        self.received += len(data)
+        if len(self.head) < _HEAD_KEPT:
+            self.head += data[: _HEAD_KEPT - len(self.head)]
+        return data
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if self.received:  # a new request: count its answer afresh
+            self.received, self.head = 0, b""
         self._stream.write(buffer, _capped(timeout))
 
     def close(self) -> None:
@@ -67,7 +84,19 @@ class _Stream(httpcore.NetworkStream):
         return _Stream(self._stream.start_tls(ssl_context, server_hostname, _capped(timeout)))
 
     def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable" and self.broken:
+            return True  # what httpcore takes for "the server spoke out of turn": not reused
         return self._stream.get_extra_info(info)
+
+    def check_framing(self, headers: httpx.Headers) -> None:
+        """Mark the connection broken when more bytes came than the response's header and
+        ``Content-Length`` account for (bytes smuggled after a short ``Content-Length``)."""
+        length = headers.get("content-length", "")
+        if "transfer-encoding" in headers or not length.isdigit() or len(length) > 18:
+            return
+        end = self.head.find(b"\r\n\r\n")
+        if end >= 0 and self.received > end + 4 + int(length):
+            self.broken = True
 
 
 class DeadlineBackend(httpcore.NetworkBackend):
@@ -122,14 +151,20 @@ def _mapped() -> Iterator[None]:
 
 
 class _Body(httpx.SyncByteStream):
-    def __init__(self, stream: Iterable[bytes]) -> None:
+    def __init__(
+        self, stream: Iterable[bytes], network: Any = None, headers: httpx.Headers | None = None
+    ) -> None:
         self._stream = stream
+        self._network = network
+        self._headers = headers
 
     def __iter__(self) -> Iterator[bytes]:
         with _mapped():
             yield from self._stream
 
     def close(self) -> None:
+        if isinstance(self._network, _Stream) and self._headers is not None:
+            self._network.check_framing(self._headers)  # before the pool takes it back
         close = getattr(self._stream, "close", None)
         if close is not None:
             close()
@@ -219,10 +254,12 @@ class DeadlineTransport(httpx.BaseTransport):
         with _mapped():
             response = self._pool_for(request.url).handle_request(core_request)
         assert isinstance(response.stream, Iterable)
+        headers = httpx.Headers(response.headers)
+        network = response.extensions.get("network_stream")
         return httpx.Response(
             status_code=response.status,
-            headers=response.headers,
-            stream=_Body(response.stream),
+            headers=headers,
+            stream=_Body(response.stream, network, headers),
             extensions=response.extensions,
         )
 
