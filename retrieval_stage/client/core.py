@@ -64,8 +64,9 @@ class ClientCore(Generic[H]):
         # One rule per value, shared with RerankSettings and the CLI (validate.py); each
         # refusal is a ValueError whose ``field`` names the argument.
         base_url = validate.endpoint(base_url, "base_url")
-        # Credentials leave the URL before httpx sees it: its INFO line prints the URL.
-        base_url, basic_auth = validate.split_credentials(base_url)
+        # Credentials leave the URL before httpx sees it (its INFO line prints the URL): the
+        # requests go to `request_url`; `base_url` stays as given, shown only masked.
+        request_url, basic_auth = validate.split_credentials(base_url)
         if http_client is not None and not isinstance(http_client, self._http_type()):
             raise TypeError(
                 f"{type(self).__name__} needs an {self._http_type().__name__} as http_client, "
@@ -104,7 +105,7 @@ class ClientCore(Generic[H]):
         self.max_concurrency = max_concurrency
         self._plan = Plan(
             format=wire,
-            base_url=self.base_url,
+            base_url=request_url.rstrip("/"),
             model=model,
             api_key=api_key,
             api_key_header=api_key_header,
@@ -167,10 +168,8 @@ class ClientCore(Generic[H]):
 
     def __repr__(self) -> str:
         key = "<set>" if self._plan.api_key else None
-        url = self.base_url  # credentials were taken out; say that there are some
-        shown = url.replace("://", "://***@", 1) if self._plan.basic_auth is not None else url
         return (
-            f"{type(self).__name__}(base_url={masked_url(shown)!r}, "
+            f"{type(self).__name__}(base_url={masked_url(self.base_url)!r}, "
             f"provider={self.provider!r}, "
             f"model={self.model!r}, api_key={key}, timeout={self.timeout})"
         )
