@@ -165,6 +165,10 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
                 status, headers = response.status_code, response.headers
         except RerankProtocolError as exc:
             return exc
+        except httpx.InvalidURL:  # a redirect whose Location httpx cannot even parse
+            return RerankProtocolError(
+                "the server answered a redirect to a Location that is not a URL (not followed)"
+            )
         except httpx.HTTPError as exc:
             return exc
         except RuntimeError as exc:

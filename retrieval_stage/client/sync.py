@@ -141,6 +141,10 @@ class RerankClient(ClientCore[httpx.Client]):
                 return Reply(response.status_code, response.headers, reader.finish())
         except RerankProtocolError as exc:
             return exc
+        except httpx.InvalidURL:  # a redirect whose Location httpx cannot even parse
+            return RerankProtocolError(
+                "the server answered a redirect to a Location that is not a URL (not followed)"
+            )
         except httpx.HTTPError as exc:
             return exc
         except RuntimeError:
