@@ -1,9 +1,17 @@
 """All masking of credentials and echoes, in one place.
 
-Three promises rest here: an API key never leaves in an error, log line, span or repr (also
-half-quoted: any run of `KEY_MIN_CHARS` of it); a URL's ``user:password@``, query and fragment are
-never shown; and text a server echoes from what we sent (the query, a document, raw or
-JSON-escaped) is replaced before anything quotes it. `client.sanitize` picks a server's own words
+Three promises rest here: an API key (or URL credential) never leaves in an error, log line,
+span, metric or repr (also JSON-escaped, once or twice, or half-quoted: any run of
+`KEY_MIN_CHARS` of it); a URL's ``user:password@``, query and fragment are never shown; and text
+a server echoes from what we sent (the query, a document, raw or JSON-escaped) is replaced
+before anything quotes it. Every byte of server text that can reach an error, log, span or
+metric goes through `clean` (via `scrub`, or `client.sanitize.server_text` for a body): status
+and header lines, transport messages, the model string, TEI's ``/info``.
+
+What is cleaned is assembled first and cleaned once (pieces each too short to count as an echo
+cannot join into one afterwards). The echo search costs (characters quoted) x (characters
+sent); `CLEAN_BUDGET_CHARS` bounds that product, so against megabytes of documents fewer
+characters are quoted, never more shown unchecked. `client.sanitize` picks a server's own words
 out of its body and hands them here; the CLI and the telemetry set-up mask URLs here.
 """
 
@@ -11,21 +19,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import TypeAlias
 from urllib.parse import urlsplit
 
 __all__ = [
+    "CLEAN_BUDGET_CHARS",
     "ECHOED",
     "ECHO_MIN_CHARS",
     "KEY_MIN_CHARS",
     "LIMIT",
     "MASK",
+    "WITHHELD",
+    "Hay",
+    "Secrets",
+    "clean",
     "masked_url",
     "scrub",
-    "scrub_window",
     "scrubbed_message",
     "shown_url",
     "without_key",
     "without_key_bytes",
+    "without_secrets_bytes",
 ]
 
 MASK = "***"
@@ -43,7 +57,17 @@ KEY_MIN_CHARS = 8
 """The shortest run of the API key that counts as an echo of it: a server that quotes a key
 half-masked (``sk-live-ABCD****6789``) still gives away what it shows."""
 
-_SEP = "\x00"
+CLEAN_BUDGET_CHARS = 60_000_000
+"""The most characters the echo search may scan for one text (each quoted position may cost a
+scan of everything sent, twice): tens of milliseconds of CPU at worst. Up to ~50 KB sent, the
+whole quote is checked; beyond, the quote shrinks in proportion, to nothing (`WITHHELD`)."""
+
+WITHHELD = "<message withheld: too much text was sent to check it for echoes>"
+
+Secrets: TypeAlias = "str | Sequence[str] | None"
+"""One secret, several (the key and URL credentials), or none."""
+
+_SEPARATORS = "\x00\ufffe\uffff\U0010fffe\U0010ffff"
 
 
 # -- credentials --------------------------------------------------------------------------
@@ -101,44 +125,74 @@ def scrubbed_message(message: str, url: str | None) -> str:
 # -- echoes -------------------------------------------------------------------------------
 
 
-def haystack(sent: Sequence[str]) -> str:
-    """Everything we sent, raw and as JSON would escape it, joined by a separator that no
-    window can straddle."""
-    forms: list[str] = []
-    for text in sent:
-        forms.append(text)
-        for ascii_only in (True, False):
-            escaped = json.dumps(text, ensure_ascii=ascii_only)[1:-1]
-            if escaped != text:
-                forms.append(escaped)
-    return _SEP.join(forms)
+def _escaped(text: str) -> list[str]:
+    """`text` and the forms JSON escaping gives it (ASCII-only or not, once or twice)."""
+    forms = [text]
+    for ascii_only in (True, False):
+        once = json.dumps(text, ensure_ascii=ascii_only)[1:-1]
+        forms += [once, json.dumps(once, ensure_ascii=ascii_only)[1:-1]]
+    return list(dict.fromkeys(forms))
 
 
-def scrub(text: str, sent: Sequence[str], secret: str | None = None, limit: int = LIMIT) -> str:
-    """`text` with `secret` and every echo of `sent` replaced, cut to `limit` characters."""
-    cleaned = scrub_window(text, haystack(sent), secret, limit * 2)
-    return cleaned if len(cleaned) <= limit else cleaned[: limit - 3] + "..."
+def _separator(texts: Sequence[str]) -> str:
+    """A character in none of `texts`: joined by it, no window can straddle two of them (a
+    document holding NUL is masked like any other)."""
+    for sep in _SEPARATORS:
+        if not any(sep in t for t in texts):
+            return sep
+    code = 0xE000  # the private use area: a text holding all of it is no real text
+    while any(chr(code) in t for t in texts):
+        code += 1
+    return chr(code)
 
 
-def scrub_window(text: str, hay: str, secret: str | None, window: int = LIMIT * 2) -> str:
-    """`text`'s first `window` characters (all that can be quoted: cutting first bounds the
-    work by the window, not by the body's size) with the key and echoes replaced."""
-    text = without_key(text, secret)[:window]
-    if secret:
-        text = _mask_runs(text, secret, KEY_MIN_CHARS, MASK)
-    return _mask_runs(text, hay, ECHO_MIN_CHARS, ECHOED)
+class Hay:
+    """Everything sent (or every secret), in every form, joined by a separator none holds."""
+
+    __slots__ = ("sep", "text")
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        forms = [form for text in texts if text for form in _escaped(text)]
+        self.sep = _separator(forms)
+        self.text = self.sep.join(forms)
 
 
-def _mask_runs(text: str, hay: str, n: int, replacement: str) -> str:
+def haystack(sent: Sequence[str]) -> Hay:
+    """`Hay` of what was sent: build it once per batch, clean many texts against it."""
+    return Hay(sent)
+
+
+def _secrets(secret: Secrets) -> list[str]:
+    if secret is None:
+        return []
+    if isinstance(secret, str):
+        return [secret] if secret else []
+    return [s for s in secret if s]
+
+
+def _secret_forms(secrets: list[str]) -> list[str]:
+    return sorted({f for s in secrets for f in _escaped(s)}, key=len, reverse=True)
+
+
+def without_secrets_bytes(content: bytes, secret: Secrets) -> bytes:
+    """`content` with every form of every secret replaced, before it is decoded or cut."""
+    for form in _secret_forms(_secrets(secret)):
+        content = content.replace(form.encode("utf-8", "surrogatepass"), MASK.encode())
+    return content
+
+
+def _mask_runs(text: str, hay: Hay, n: int, replacement: str) -> str:
     """`text` with every run of `n` or more characters that also occurs in `hay` replaced."""
-    if not hay or len(text) < n:
+    haystack, sep = hay.text, hay.sep
+    if not haystack or len(text) < n:
         return text
     out: list[str] = []
     i = 0
     while i < len(text):
-        if i + n <= len(text) and _SEP not in text[i : i + n] and text[i : i + n] in hay:
+        window = text[i : i + n]
+        if len(window) == n and sep not in window and window in haystack:
             j = i + n
-            while j < len(text) and text[i : j + 1] in hay:
+            while j < len(text) and text[j] != sep and text[i : j + 1] in haystack:
                 j += 1
             out.append(replacement)
             i = j
@@ -146,3 +200,36 @@ def _mask_runs(text: str, hay: str, n: int, replacement: str) -> str:
             out.append(text[i])
             i += 1
     return "".join(out)
+
+
+def quotable(hay: Hay, wanted: int) -> int:
+    """How many characters can be checked against `hay` within `CLEAN_BUDGET_CHARS`."""
+    return min(wanted, CLEAN_BUDGET_CHARS // (2 * len(hay.text) + 1))
+
+
+def clean(text: str, hay: Hay, secret: Secrets = None, limit: int = LIMIT) -> str:
+    """`text` with every secret and every echo of `hay` replaced, cut to `limit` characters.
+
+    Secrets go first and whole (a cut would leave part of one), then the text is cut to what
+    can be checked, then runs of the secrets and echoes of what was sent are masked.
+    """
+    secrets = _secrets(secret)
+    for form in _secret_forms(secrets):
+        text = text.replace(form, MASK)
+    window = quotable(hay, limit * 2)
+    if text and hay.text and window < ECHO_MIN_CHARS:
+        return WITHHELD
+    cut = len(text) > window
+    text = text[:window]
+    if secrets:
+        text = _mask_runs(text, Hay(secrets), KEY_MIN_CHARS, MASK)
+    text = _mask_runs(text, hay, ECHO_MIN_CHARS, ECHOED)
+    if len(text) > limit:
+        return text[: limit - 3] + "..."
+    return text + "..." if cut else text
+
+
+def scrub(text: str, sent: Sequence[str], secret: Secrets = None, limit: int = LIMIT) -> str:
+    """`text` (any server text: a header, a status line, a model name, a transport message)
+    with every secret and every echo of `sent` replaced, cut to `limit` characters."""
+    return clean(text, Hay(sent), secret, limit)

@@ -15,6 +15,7 @@ __all__ = [
     "RerankClientClosedError",
     "RerankError",
     "RerankProtocolError",
+    "RerankRedirectError",
     "RerankStatusError",
     "RerankTransportError",
 ]
@@ -75,8 +76,25 @@ class RerankStatusError(RerankError):
         return (_status_error, (self.status_code, self.server_message, self.provider))
 
 
+class RerankRedirectError(RerankStatusError):
+    """The server answered a redirect (30x), which is never followed: it would carry the key to
+    whatever origin the server names. `location` is where it pointed, without userinfo, query
+    or fragment (and cleaned of echoes); fix the endpoint instead."""
+
+    def __init__(self, status_code: int, location: str, *, provider: str = "") -> None:
+        self.location = location
+        where = f"redirect to {location}" if location else "redirect without a Location"
+        super().__init__(
+            status_code, f"{where} (not followed: point base_url there)", provider=provider
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_redirect_error, (self.status_code, self.location, self.provider))
+
+
 class RerankProtocolError(RerankError):
-    """The server answered 2xx, but the body breaks the provider's contract.
+    """The server answered 2xx, but the body breaks the provider's contract, or any answer
+    broke a limit (`max_response_bytes`, an encoding not asked for).
 
     Raised instead of ever returning a result that might be attached to the wrong item.
     """
@@ -90,3 +108,8 @@ class RerankClientClosedError(RerankError):
 def _status_error(status_code: int, server_message: str, provider: str) -> RerankStatusError:
     """Rebuilds a pickled `RerankStatusError`."""
     return RerankStatusError(status_code, server_message, provider=provider)
+
+
+def _redirect_error(status_code: int, location: str, provider: str) -> RerankRedirectError:
+    """Rebuilds a pickled `RerankRedirectError`."""
+    return RerankRedirectError(status_code, location, provider=provider)

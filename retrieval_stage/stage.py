@@ -343,9 +343,19 @@ class RerankStage:
             outcome=outcome,
             fallback=outcome == "fallback",
             top1_changed=top1_changed,
-            model=model,
+            model=self._metric_model(),
             provider=_attr(self.reranker, "provider"),
         )
+
+    def _metric_model(self) -> str | None:
+        """The model label of metric points: from configuration (the stage's `model_name`, an
+        HTTP client's configured model, a local model's name), never a server's string, whose
+        every new value would be a new series."""
+        if self.model_name:
+            return self.model_name
+        if hasattr(self.reranker, "configured_model"):
+            return _attr(self.reranker, "configured_model")
+        return _attr(self.reranker, "model_name")
 
 
 def _text(candidate: Candidate) -> str:

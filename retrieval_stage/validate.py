@@ -13,7 +13,7 @@ import math
 import os
 import re
 from typing import Any, Literal, TypeAlias
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 __all__ = [
     "BatchSize",
@@ -24,8 +24,10 @@ __all__ = [
     "env_flag",
     "finite_number",
     "header_name",
+    "max_response_bytes",
     "provider",
     "relabelled",
+    "split_credentials",
     "timeout",
     "top_k",
 ]
@@ -97,13 +99,54 @@ def api_key(value: Any, field: str = "api_key") -> str | None:
     return value
 
 
+_RESERVED_HEADERS = frozenset(
+    {
+        "host", "content-length", "content-type", "content-encoding", "transfer-encoding",
+        "connection", "keep-alive", "upgrade", "te", "trailer", "expect", "accept",
+        "accept-encoding", "proxy-authorization", "proxy-connection", "cookie",
+        "traceparent", "tracestate", "baggage",
+    }
+)  # fmt: skip
+"""Headers the request itself needs (framing, routing, negotiation, trace context): a key sent
+under one of them would break or redirect the request, or be overwritten."""
+
+
 def header_name(value: Any, field: str = "api_key_header") -> str:
-    """An HTTP header name (an RFC 9110 token such as ``apikey`` or ``Authorization``)."""
+    """An HTTP header name (an RFC 9110 token such as ``apikey`` or ``Authorization``) that
+    can carry a key: not one the request itself needs (``Host``, ``Content-Length``...)."""
     if not isinstance(value, str):
         raise InvalidSetting(field, f"must be a str, got {type(value).__name__}")
     if not _HEADER_NAME.fullmatch(value):
         raise InvalidSetting(field, "must be an HTTP header name (letters, digits, - and _...)")
+    if value.lower() in _RESERVED_HEADERS:
+        raise InvalidSetting(
+            field, f"must not be {value!r}: the request needs that header for itself"
+        )
     return value
+
+
+def max_response_bytes(value: Any, field: str = "max_response_bytes") -> int:
+    """The most bytes one response may take, on the wire or decoded: an int >= 1024."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1024:
+        raise InvalidSetting(field, "must be an int >= 1024 (bytes)")
+    return value
+
+
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """`url` without its ``user:password@`` part, and that part percent-decoded
+    (``user:password``), or None when there is none.
+
+    Credentials left in a URL are printed by whatever logs the request line (httpx's own INFO
+    line does), so the client sends them as the ``Authorization: Basic`` header they mean.
+    """
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not sep or "@" not in netloc:
+        return url, None
+    userinfo, _, host = netloc.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    credentials = unquote(user) + (":" + unquote(password) if colon else ":")
+    return f"{scheme}://{host}{slash}{path}", credentials
 
 
 def endpoint(value: Any, field: str = "endpoint") -> str:

@@ -10,6 +10,14 @@ formats as data, `retry` the retry policy, `sanitize` the cleaning of server tex
 """
 
 from .asynchronous import AsyncRerankClient
+from .body import DEFAULT_MAX_RESPONSE_BYTES, read_body
+from .deadline_io import DeadlineTransport
 from .sync import RerankClient
 
-__all__ = ["AsyncRerankClient", "RerankClient"]
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "AsyncRerankClient",
+    "DeadlineTransport",
+    "RerankClient",
+    "read_body",
+]

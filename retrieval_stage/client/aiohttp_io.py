@@ -10,9 +10,9 @@ What httpx gave the client for free is kept here on purpose: proxies from the en
 and never ``.netrc`` for the server), TLS verified against httpx's CA bundle (certifi, or
 ``SSL_CERT_FILE``/``SSL_CERT_DIR``), httpx's pool bounds (100 connections, idle ones kept 5 s),
 no redirects followed, the same JSON bytes on the wire. Bodies are read raw
-(``auto_decompress=False``) through `bounded_body.CappedBody`: gzip and deflate inflated
-layer by layer under the cap, any other encoding refused. aiohttp's errors become the httpx
-errors the flow judges (`httpx_error`), in this one place.
+(``auto_decompress=False``) through `body.read_body`, the same bounded reader as every other
+transport: gzip or deflate inflated under the cap, any other encoding refused. aiohttp's
+errors become the httpx errors the flow judges (`httpx_error`), in this one place.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import httpx
 
-from .bounded_body import ACCEPT_ENCODING, CappedBody, too_large
+from .body import ACCEPT_ENCODING, read_body
 
 __all__ = ["AiohttpIO", "environment_proxy", "httpx_error", "httpx_error_type"]
 
@@ -110,8 +110,8 @@ class AiohttpIO:
     ) -> tuple[int, Mapping[str, str], bytes]:
         """Status, headers and the decoded body, read in full within `max_response_bytes`.
 
-        Raises the httpx error standing for aiohttp's (`httpx_error`), or
-        `bounded_body.BodyRefused`.
+        Raises the httpx error standing for aiohttp's (`httpx_error`), or the
+        `RerankProtocolError` of `body.read_body` (over the limit, an encoding not asked for).
         """
         try:
             return await self._request(method, url, headers, body)
@@ -139,14 +139,9 @@ class AiohttpIO:
             return response.status, response.headers, await self._read(response)
 
     async def _read(self, response: aiohttp.ClientResponse) -> bytes:
-        cap = self.max_response_bytes
-        body = CappedBody(cap, response.headers.get("content-encoding", ""))
-        length = response.content_length
-        if length is not None and length > cap:  # refused before reading a byte of it
-            raise too_large(cap, detail=f" (Content-Length {length})")
-        async for chunk in response.content.iter_any():
-            body.feed(chunk)
-        return body.finish()
+        return await read_body(
+            response.headers, response.content.iter_any(), self.max_response_bytes
+        )
 
     async def aclose(self) -> None:
         self.is_closed = True

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -18,9 +18,10 @@ import httpx
 
 from ..errors import RerankClientClosedError, RerankError, RerankProtocolError
 from ..models import RerankResponse
-from .bounded_body import BodyRefused, too_large
+from .body import already_read, read_body
 from .core import ClientCore
 from .flow import Call
+from .json_steps import async_reply
 from .steps import Finished, Flow, Fork, Pairs, Reply, Send, Sleep, advance
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
         from .aiohttp_io import AiohttpIO
 
         self._aio = AiohttpIO(
-            self.base_url, timeout=self.timeout, max_response_bytes=self.max_response_bytes
+            self._plan.base_url, timeout=self.timeout, max_response_bytes=self.max_response_bytes
         )
 
     @classmethod
@@ -172,43 +173,50 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
             raise failures[0]
         return [r for r in results if r is not None]
 
-    async def _send(self, call: Call, step: Send) -> Reply | httpx.HTTPError:
+    async def _send(self, call: Call, step: Send) -> Reply | httpx.HTTPError | RerankProtocolError:
+        """One request, its body read within `max_response_bytes` (`body.read_body`), never a
+        redirect followed (it would carry the key elsewhere); a body refused by size or
+        encoding is the step's outcome, a `RerankProtocolError` the flow judges."""
+        headers: Mapping[str, str]
         try:
             if self._aio is None:
-                return await self._send_httpx(call, step)
-            status, headers, content = await self._aio.request(
-                step.method, step.url, step.headers, step.body
+                status, headers, content = await self._send_httpx(call, step)
+            else:
+                status, headers, content = await self._aio.request(
+                    step.method, step.url, step.headers, step.body
+                )
+        except RerankProtocolError as exc:
+            return exc
+        except httpx.InvalidURL:  # a redirect whose Location httpx cannot even parse
+            return RerankProtocolError(
+                "the server answered a redirect to a Location that is not a URL (not followed)"
             )
-            return Reply(status, headers, content)
         except httpx.HTTPError as exc:
             return exc
-        except BodyRefused as exc:
-            raise RerankProtocolError(f"{self.provider}: {exc}") from None
         except RuntimeError as exc:
             if self._is_closed():
                 raise self._closed_error() from None
             if "loop" in str(exc).lower():
                 raise RerankClientClosedError(_LOOP_CLOSED) from None
             raise
+        return await async_reply(status, headers, content)
 
-    async def _send_httpx(self, call: Call, step: Send) -> Reply | httpx.HTTPError:
+    async def _send_httpx(self, call: Call, step: Send) -> tuple[int, httpx.Headers, bytes]:
         """One request through the caller's httpx client, its timeouts capped at the time
-        left, the decoded body read under `max_response_bytes`."""
+        left; raw bytes, inflated within the limit (leaving early closes the connection)."""
         http = self._http
         assert http is not None
-        cap = self.max_response_bytes
         async with http.stream(
             step.method,
             step.url,
             headers=step.headers,
             json=step.body,
+            follow_redirects=False,
             timeout=call.deadline.remaining(),
         ) as response:
-            parts: list[bytes] = []
-            size = 0
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > cap:
-                    raise too_large(cap)
-                parts.append(chunk)
-        return Reply(response.status_code, response.headers, b"".join(parts))
+            limit = self._plan.max_response_bytes
+            if response.is_stream_consumed:  # a transport that read it (a test's mock)
+                content = already_read(response.content, limit)
+            else:
+                content = await read_body(response.headers, response.aiter_raw(), limit)
+            return response.status_code, response.headers, content

@@ -20,19 +20,16 @@ from .._args import check_sendable, rank, snapshot
 from .._redact import masked_url
 from ..errors import RerankClientClosedError
 from ..models import RerankResponse
+from .body import DEFAULT_MAX_RESPONSE_BYTES
 from .flow import Call
 from .plan import Learned, Plan
 from .providers import check_required_fields, get_format
 from .retry import Deadline
 from .steps import Pairs
 
-__all__ = ["CLOSED", "DEFAULT_MAX_RESPONSE_BYTES", "ClientCore"]
+__all__ = ["CLOSED", "ClientCore"]
 
 H = TypeVar("H", httpx.Client, httpx.AsyncClient)
-
-DEFAULT_MAX_RESPONSE_BYTES = 16 * 1024 * 1024
-"""The most bytes of one response body (decoded) a client reads before refusing it: a rerank
-answer for thousands of documents is a few hundred KB."""
 T = TypeVar("T")
 
 CLOSED = (
@@ -62,10 +59,14 @@ class ClientCore(Generic[H]):
         random: Callable[[], float] = _random.random,
         clock: Callable[[], float] = time.monotonic,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        send_baggage: bool = True,
     ) -> None:
         # One rule per value, shared with RerankSettings and the CLI (validate.py); each
         # refusal is a ValueError whose ``field`` names the argument.
         base_url = validate.endpoint(base_url, "base_url")
+        # Credentials leave the URL before httpx sees it (its INFO line prints the URL): the
+        # requests go to `request_url`; `base_url` stays as given, shown only masked.
+        request_url, basic_auth = validate.split_credentials(base_url)
         if http_client is not None and not isinstance(http_client, self._http_type()):
             raise TypeError(
                 f"{type(self).__name__} needs an {self._http_type().__name__} as http_client, "
@@ -86,16 +87,15 @@ class ClientCore(Generic[H]):
             raise validate.InvalidSetting(
                 "max_concurrency", f"must be an int >= 1, got {max_concurrency!r}"
             )
-        if (
-            isinstance(max_response_bytes, bool)
-            or not isinstance(max_response_bytes, int)
-            or max_response_bytes < 1
-        ):
-            raise validate.InvalidSetting(
-                "max_response_bytes", f"must be an int >= 1, got {max_response_bytes!r}"
-            )
         # Never echo the key: it would land in whatever logs the caller's traceback.
         api_key = validate.api_key(api_key)
+        if basic_auth is not None and api_key and api_key_header.lower() == "authorization":
+            raise validate.InvalidSetting(
+                "base_url",
+                "carries user:password credentials, which would replace the api_key sent as "
+                "Authorization: Bearer: give one or the other",
+            )
+        max_response_bytes = validate.max_response_bytes(max_response_bytes)
         wire = get_format(provider)
         check_required_fields(wire, model=model)
         self.base_url = base_url.rstrip("/")
@@ -103,10 +103,9 @@ class ClientCore(Generic[H]):
         self.timeout = float(timeout)
         self.max_retries = max_retries
         self.max_concurrency = max_concurrency
-        self.max_response_bytes = max_response_bytes
         self._plan = Plan(
             format=wire,
-            base_url=self.base_url,
+            base_url=request_url.rstrip("/"),
             model=model,
             api_key=api_key,
             api_key_header=api_key_header,
@@ -114,6 +113,9 @@ class ClientCore(Generic[H]):
             max_retries=max_retries,
             random=random,
             clock=clock,
+            max_response_bytes=max_response_bytes,
+            send_baggage=bool(send_baggage),
+            basic_auth=basic_auth,
         )
         self._learned = Learned(
             batch_size if isinstance(batch_size, int) else wire.batch_size,
@@ -146,6 +148,23 @@ class ClientCore(Generic[H]):
     def batch_size(self) -> int:
         """Texts per request now: the configured size, lowered by any cap the server taught."""
         return self._learned.batch_size
+
+    @property
+    def max_response_bytes(self) -> int:
+        """The most bytes one response may take, on the wire and decoded; a larger one is a
+        `RerankProtocolError` naming this setting (docs/reliability.md)."""
+        return self._plan.max_response_bytes
+
+    def reset_batch_size(self) -> None:
+        """Forget the batch caps servers stated (a refusal's "at most N"), so the configured
+        size is tried again: a cap learned once is otherwise kept for the client's life."""
+        self._learned.forget_cap()
+
+    @property
+    def configured_model(self) -> str | None:
+        """The model given in configuration, never what a server reported: the label metrics
+        use (a server's string per answer would be unbounded metric cardinality)."""
+        return self.model
 
     @property
     def model_name(self) -> str | None:

@@ -17,14 +17,23 @@ from __future__ import annotations
 import contextlib
 import ssl
 import time
+import urllib.request
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpcore
 import httpx
 
-__all__ = ["CALL_DEADLINE", "DeadlineBackend", "DeadlineTransport", "httpx_error"]
+__all__ = [
+    "CALL_DEADLINE",
+    "DeadlineBackend",
+    "DeadlineTransport",
+    "environment_proxy",
+    "http_proxies_only",
+    "httpx_error",
+]
 
 CALL_DEADLINE: ContextVar[float | None] = ContextVar("retrieval_stage_call_deadline", default=None)
 
@@ -39,14 +48,31 @@ def _capped(timeout: float | None) -> float | None:
     return left if timeout is None else min(timeout, left)
 
 
+_HEAD_KEPT = 65536  # enough of a response's start to find the end of its header
+
+
 class _Stream(httpcore.NetworkStream):
+    """A socket whose every operation is capped at the call's deadline, and which counts what
+    one response brought, so a connection that received more than its answer is never reused
+    (`_Body.close`): h11 would keep the extra bytes and hand them to the next request as its
+    answer, another call's scores."""
+
     def __init__(self, stream: httpcore.NetworkStream) -> None:
         self._stream = stream
+        self.received = 0
+        self.head = b""
+        self.broken = False
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._stream.read(max_bytes, _capped(timeout))
+        data = self._stream.read(max_bytes, _capped(timeout))
+        self.received += len(data)
+        if len(self.head) < _HEAD_KEPT:
+            self.head += data[: _HEAD_KEPT - len(self.head)]
+        return data
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        if self.received:  # a new request: count its answer afresh
+            self.received, self.head = 0, b""
         self._stream.write(buffer, _capped(timeout))
 
     def close(self) -> None:
@@ -58,7 +84,19 @@ class _Stream(httpcore.NetworkStream):
         return _Stream(self._stream.start_tls(ssl_context, server_hostname, _capped(timeout)))
 
     def get_extra_info(self, info: str) -> Any:
+        if info == "is_readable" and self.broken:
+            return True  # what httpcore takes for "the server spoke out of turn": not reused
         return self._stream.get_extra_info(info)
+
+    def check_framing(self, headers: httpx.Headers) -> None:
+        """Mark the connection broken when more bytes came than the response's header and
+        ``Content-Length`` account for (bytes smuggled after a short ``Content-Length``)."""
+        length = headers.get("content-length", "")
+        if "transfer-encoding" in headers or not length.isdigit() or len(length) > 18:
+            return
+        end = self.head.find(b"\r\n\r\n")
+        if end >= 0 and self.received > end + 4 + int(length):
+            self.broken = True
 
 
 class DeadlineBackend(httpcore.NetworkBackend):
@@ -113,34 +151,91 @@ def _mapped() -> Iterator[None]:
 
 
 class _Body(httpx.SyncByteStream):
-    def __init__(self, stream: Iterable[bytes]) -> None:
+    def __init__(
+        self, stream: Iterable[bytes], network: Any = None, headers: httpx.Headers | None = None
+    ) -> None:
         self._stream = stream
+        self._network = network
+        self._headers = headers
 
     def __iter__(self) -> Iterator[bytes]:
         with _mapped():
             yield from self._stream
 
     def close(self) -> None:
+        if isinstance(self._network, _Stream) and self._headers is not None:
+            self._network.check_framing(self._headers)  # before the pool takes it back
         close = getattr(self._stream, "close", None)
         if close is not None:
             close()
 
 
+def environment_proxy(url: httpx.URL) -> str | None:
+    """The proxy ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` (any case) name for `url`, or
+    None for a direct connection (none set, or ``NO_PROXY`` covers the host): the standard
+    library's reading of those variables."""
+    proxies = urllib.request.getproxies_environment()
+    host = url.host
+    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+    if not proxies or bypass(host, proxies):
+        return None
+    return proxies.get(url.scheme) or proxies.get("all")
+
+
+def http_proxies_only() -> bool:
+    """Whether every proxy the environment names is an http(s) proxy, which
+    `DeadlineTransport` can route through (a SOCKS proxy needs httpx's own transport)."""
+    proxies = urllib.request.getproxies_environment()
+    return all(
+        urlsplit(url).scheme in ("http", "https")
+        for scheme, url in proxies.items()
+        if scheme != "no" and url
+    )
+
+
 class DeadlineTransport(httpx.BaseTransport):
     """An HTTP/1.1 transport whose every socket operation respects `CALL_DEADLINE`.
 
-    `ssl_context` defaults to httpx's (certificate verification on). Pool limits match httpx's
-    defaults (100 connections, 20 kept alive for 5 s).
+    Requests go through the http(s) proxy the environment names for them (``HTTP_PROXY``,
+    ``HTTPS_PROXY``, ``ALL_PROXY``, ``NO_PROXY``: `environment_proxy`), with the same caps: the
+    deadline holds through a proxy too. `ssl_context` defaults to httpx's (certificate
+    verification on). Pool limits match httpx's defaults (100 connections, 20 kept alive for
+    5 s). A caller's own ``httpx.Client(transport=DeadlineTransport())`` gets the same caps.
     """
 
     def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
-        self._pool = httpcore.ConnectionPool(
-            ssl_context=ssl_context if ssl_context is not None else httpx.create_ssl_context(),
-            max_connections=100,
-            max_keepalive_connections=20,
-            keepalive_expiry=5.0,
-            network_backend=DeadlineBackend(httpcore.SyncBackend()),
+        self._ssl_context = ssl_context if ssl_context is not None else httpx.create_ssl_context()
+        self._pool = self._new_pool(None)
+        self._proxied: dict[str, httpcore.ConnectionPool] = {}
+
+    def _new_pool(self, proxy: str | None) -> httpcore.ConnectionPool:
+        limits: dict[str, Any] = {
+            "max_connections": 100,
+            "max_keepalive_connections": 20,
+            "keepalive_expiry": 5.0,
+            "network_backend": DeadlineBackend(httpcore.SyncBackend()),
+        }
+        if proxy is None:
+            return httpcore.ConnectionPool(ssl_context=self._ssl_context, **limits)
+        url = httpx.URL(proxy)
+        auth = (url.username, url.password) if url.username else None
+        return httpcore.HTTPProxy(
+            proxy_url=httpcore.URL(
+                scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=b"/"
+            ),
+            proxy_auth=auth,
+            ssl_context=self._ssl_context,
+            **limits,
         )
+
+    def _pool_for(self, url: httpx.URL) -> httpcore.ConnectionPool:
+        proxy = environment_proxy(url)
+        if proxy is None:
+            return self._pool
+        pool = self._proxied.get(proxy)
+        if pool is None:
+            pool = self._proxied[proxy] = self._new_pool(proxy)
+        return pool
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         assert isinstance(request.stream, httpx.SyncByteStream)
@@ -157,14 +252,18 @@ class DeadlineTransport(httpx.BaseTransport):
             extensions=request.extensions,
         )
         with _mapped():
-            response = self._pool.handle_request(core_request)
+            response = self._pool_for(request.url).handle_request(core_request)
         assert isinstance(response.stream, Iterable)
+        headers = httpx.Headers(response.headers)
+        network = response.extensions.get("network_stream")
         return httpx.Response(
             status_code=response.status,
-            headers=response.headers,
-            stream=_Body(response.stream),
+            headers=headers,
+            stream=_Body(response.stream, network, headers),
             extensions=response.extensions,
         )
 
     def close(self) -> None:
         self._pool.close()
+        for pool in self._proxied.values():
+            pool.close()

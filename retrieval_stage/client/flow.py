@@ -12,7 +12,6 @@ calls), `/info`, the judgement of each response (`providers`) and the sanitising
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
@@ -22,10 +21,11 @@ import httpx
 from opentelemetry import trace
 
 from .._log import get_logger
-from .._redact import masked_url, scrub, without_key_bytes
+from .._redact import Hay, clean, haystack, masked_url, shown_url, without_secrets_bytes
 from ..errors import (
     RerankError,
     RerankProtocolError,
+    RerankRedirectError,
     RerankStatusError,
     RerankTransportError,
     TransportKind,
@@ -46,6 +46,10 @@ from .steps import EXPIRED, Flow, Fork, Pairs, Reply, Send, Sleep, Step
 __all__ = ["Call"]
 
 log = get_logger("retrieval_stage.client")
+
+MODEL_MAX_CHARS = 128
+"""The longest model name taken from a server (its ``model`` field, TEI's ``model_id``): real
+names are a few dozen characters; a longer one is cut, after it is cleaned of echoes."""
 
 
 @dataclass
@@ -78,6 +82,14 @@ class Call:
     seen_424: int = 0
     usage: Usage = field(default_factory=Usage)
     model: str | None = None
+    _hay: Hay | None = None
+
+    def hay(self) -> Hay:
+        """Everything this call sends, for the sanitiser: built once per call, and the whole
+        call's texts, not one batch's (a server may echo a text of another sub-batch)."""
+        if self._hay is None:
+            self._hay = haystack([self.query, *self.texts])
+        return self._hay
 
     # -- the flows --------------------------------------------------------------------------
 
@@ -97,14 +109,17 @@ class Call:
             cause = f"{plan.provider} exposes no batch cap"
         else:
             outcome = yield Send("GET", plan.base_url + "/info", plan.headers())
+            hay = self.hay()
             if isinstance(outcome, Reply) and outcome.is_success:
                 try:
-                    cause = learned.apply_info(json.loads(outcome.content))
+                    cause = learned.apply_info(outcome.json(), lambda m: self._model(m, hay))
                 except (ValueError, RecursionError):
                     kind = outcome.headers.get("content-type", "unknown content-type")
-                    cause = f"not JSON ({kind})"
+                    cause = f"not JSON ({clean(kind, hay, plan.secrets, 80)})"
             elif isinstance(outcome, Reply):
                 cause = f"HTTP {outcome.status_code}"
+            elif isinstance(outcome, RerankError):
+                cause = clean(str(outcome), hay, plan.secrets)
             else:
                 cause = type(outcome).__name__ if outcome is not EXPIRED else "deadline"
         learned.ask_info = False
@@ -139,19 +154,29 @@ class Call:
             outcome = yield Send("POST", url, plan.headers(), body)
             if outcome is EXPIRED:
                 raise self.deadline_error()
-            if isinstance(outcome, httpx.HTTPError):
+            if isinstance(outcome, RerankProtocolError):  # over a limit while reading
+                attempt = _Attempt(error=outcome)
+            elif isinstance(outcome, httpx.HTTPError):
                 if self.deadline.expired():
                     raise self.deadline_error()
                 attempt = self._transport_error(outcome)
             else:
                 assert isinstance(outcome, Reply)
-                attempt = self._judge(outcome, batch, expected)
+                try:
+                    attempt = self._judge(outcome, batch, expected)
+                except RerankError:
+                    raise
+                except Exception as exc:  # a parser or policy bug must still fall back
+                    attempt = _Attempt(error=self._not_ours(f"unreadable ({type(exc).__name__})"))
             if attempt.parsed is not None:
                 return self._record(attempt.parsed, start)
             if attempt.split_to is not None:
                 self._split_event(attempt, len(batch), start)
                 return (yield from self._fork(start, stop, attempt.split_to))
-            wait = self._wait_before_retry(attempt, retry_num, start)
+            try:
+                wait = self._wait_before_retry(attempt, retry_num, start)
+            except Exception:  # a policy bug on hostile headers: the error stands, not retried
+                wait = None
             assert attempt.error is not None
             if wait is None:
                 raise attempt.error
@@ -176,11 +201,12 @@ class Call:
     def _transport_error(self, exc: httpx.HTTPError) -> _Attempt:
         """The one place httpx's exceptions become ours, classified for retry.
 
-        The message is redacted and the httpx error is not chained, so an API key that httpx or
-        h11 quoted (an illegal header value, say) reaches neither logs nor span stack traces.
+        The message is cleaned as server text (h11's "illegal status/header line" quotes the
+        raw bytes, which may echo the key, the query or a document) and the httpx error is not
+        chained, so none of it reaches logs or span stack traces.
         """
         plan = self.plan
-        detail = plan.redact(str(exc)) or "no detail"
+        detail = clean(str(exc), self.hay(), plan.secrets) or "no detail"
         what = f"{type(exc).__name__}: {detail}"
         kind: TransportKind = "other"
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
@@ -208,15 +234,17 @@ class Call:
         """
         plan = self.plan
         n = len(batch)
+        hay = self.hay()
         if reply.is_success:
             try:
-                body = json.loads(reply.content)
+                body = reply.json()
             except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
                 kind = reply.headers.get("content-type", "unknown content-type")
-                # The key whole, before the cut below could split it.
-                content = without_key_bytes(reply.content, plan.api_key)
+                kind = clean(kind, hay, plan.secrets, 80)
+                # The secrets whole, before the cut below could split one.
+                content = without_secrets_bytes(reply.content[:4096], plan.secrets)
                 head = content[:200].decode("utf-8", errors="replace")
-                snippet = scrub(head, [self.query, *batch], plan.api_key, limit=60)
+                snippet = clean(head, hay, plan.secrets, limit=60)
                 return _Attempt(error=self._not_ours(f"not valid JSON ({kind}): {snippet!r}"))
             try:
                 parsed = parse_response(
@@ -225,11 +253,15 @@ class Call:
             except RerankProtocolError as exc:
                 # The detail may quote a value from the body: a document echoed as an index.
                 said = str(exc).removeprefix(f"{plan.provider}: ")
-                detail = scrub(said, [self.query, *batch], plan.api_key)
-                return _Attempt(error=self._not_ours(detail))
+                return _Attempt(error=self._not_ours(clean(said, hay, plan.secrets)))
+            if parsed.model is not None:
+                parsed = ParsedBatch(parsed.pairs, parsed.usage, self._model(parsed.model, hay))
             return _Attempt(parsed=parsed)
         status = reply.status_code
-        message = server_text(reply.content, [self.query, *batch], plan.api_key)
+        if 300 <= status < 400:
+            location = clean(shown_url(reply.headers.get("location", "")), hay, plan.secrets)
+            return _Attempt(error=RerankRedirectError(status, location, provider=plan.provider))
+        message = server_text(reply.content, self.hay(), plan.secrets)
         error = RerankStatusError(status, message, provider=plan.provider)
         if status in (413, 422):
             cap = batch_cap(reply.content, n)
@@ -290,6 +322,10 @@ class Call:
             span.add_event("rerank.retry_scheduled", fields)
         self.retries += 1
         return wait
+
+    def _model(self, name: str, hay: Hay) -> str | None:
+        """A model name from the server, cleaned like any server text and capped."""
+        return clean(name, hay, self.plan.secrets, MODEL_MAX_CHARS) or None
 
     def _record(self, parsed: ParsedBatch, offset: int) -> Pairs:
         self.batches += 1

@@ -8,6 +8,7 @@ states, the model it reports), behind a lock because concurrent calls share it.
 
 from __future__ import annotations
 
+import base64
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from opentelemetry import propagate
 
 from .._log import get_logger
 from .._redact import without_key
+from .body import ACCEPT_ENCODING, DEFAULT_MAX_RESPONSE_BYTES
 from .providers import WireFormat
 
 __all__ = ["Learned", "Plan"]
@@ -37,6 +39,11 @@ class Plan:
     max_retries: int
     random: Callable[[], float]
     clock: Callable[[], float]
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    send_baggage: bool = True
+    basic_auth: str | None = None
+    """``user:password`` from the endpoint URL, sent as ``Authorization: Basic`` (never left
+    in the URL, where any library's log line of the request would print it)."""
 
     def __repr__(self) -> str:  # the key must not reach a repr
         return f"Plan(provider={self.provider!r}, model={self.model!r})"
@@ -46,20 +53,42 @@ class Plan:
         return self.format.name
 
     def headers(self) -> dict[str, str]:
-        """Request headers: accept, the key, and W3C trace context from the global propagator
-        (``traceparent``, ``tracestate``, ``baggage``), so a traced server joins our trace."""
-        headers = {"accept": "application/json"}
+        """Request headers: accept, the encodings we can decode within `max_response_bytes`
+        (``Accept-Encoding``, so a server never picks one we cannot bound), the key, URL
+        credentials as Basic auth, and W3C trace context from the global propagator
+        (``traceparent``, ``tracestate`` and, unless `send_baggage` is off, the application's
+        ``baggage``), so a traced server joins our trace."""
+        headers = {"accept": "application/json", "accept-encoding": ACCEPT_ENCODING}
+        if self.basic_auth is not None:
+            token = base64.b64encode(self.basic_auth.encode()).decode("ascii")
+            headers["Authorization"] = f"Basic {token}"
         if self.api_key:
             if self.api_key_header.lower() == "authorization":
                 headers["Authorization"] = f"Bearer {self.api_key}"
             else:
                 headers[self.api_key_header] = self.api_key
         propagate.inject(headers)
+        if not self.send_baggage:
+            headers.pop("baggage", None)
         return headers
+
+    @property
+    def secrets(self) -> list[str]:
+        """Everything a server must never get back into our text: the key, URL credentials."""
+        found = [self.api_key] if self.api_key else []
+        if self.basic_auth is not None:
+            user, _, password = self.basic_auth.partition(":")
+            token = base64.b64encode(self.basic_auth.encode()).decode("ascii")
+            found += [s for s in (password, token) if len(s) >= 3]
+            if not password and len(user) >= 3:  # a token given as the username
+                found.append(user)
+        return found
 
     def redact(self, text: str) -> str:
         """`text` with the key replaced: for messages built from a transport error."""
-        return without_key(text, self.api_key)
+        for secret in self.secrets:
+            text = without_key(text, secret)
+        return text
 
 
 class Learned:
@@ -77,18 +106,26 @@ class Learned:
         """Texts per request now: the configured (or ``/info``) size, lowered by a stated cap."""
         return self._size if self._cap is None else min(self._size, self._cap)
 
-    def apply_info(self, info: Any) -> str | None:
-        """Take the batch cap and model from TEI's ``/info``; what was missing, else None."""
+    def apply_info(self, info: Any, clean: Callable[[str], str | None]) -> str | None:
+        """Take the batch cap and model from TEI's ``/info``; what was missing, else None.
+
+        The model id is server text: `clean` (the flow's sanitiser, which also caps it) is
+        applied before it is kept, since it reaches spans and responses."""
         if not isinstance(info, dict):
             return "not a JSON object"
         model_id = info.get("model_id")
         if isinstance(model_id, str) and model_id:
-            self.model = model_id
+            self.model = clean(model_id) or None
         cap = info.get("max_client_batch_size")
         if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
             self._size = cap
             return None
         return "no max_client_batch_size"
+
+    def forget_cap(self) -> None:
+        """Drop the cap servers stated, so the configured (or ``/info``) size is used again."""
+        with self._lock:
+            self._cap = None
 
     def remember_cap(self, cap: int, refused: int, provider: str) -> None:
         """Keep the smallest cap a server stated, for every later call."""

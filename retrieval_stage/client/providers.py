@@ -39,18 +39,20 @@ def _no_usage(body: Any, headers: Mapping[str, str]) -> Usage:
     return Usage()
 
 
+MAX_USAGE = 2**53
+"""The largest usage count believed (and exported): beyond, a server is lying or broken, and a
+huge count would wreck every sum it joins."""
+
+
 def _tei_usage(body: Any, headers: Mapping[str, str]) -> Usage:
-    raw = headers.get("x-compute-tokens")
-    if raw is None:
+    raw = headers.get("x-compute-tokens", "").strip()
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 16:  # no int() of 5,000 digits
         return Usage()
-    try:
-        return Usage(total_tokens=int(raw))
-    except ValueError:
-        return Usage()
+    return Usage(total_tokens=_nonneg_int(int(raw)))
 
 
 def _nonneg_int(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_USAGE:
         return value
     return None
 
@@ -67,7 +69,9 @@ def _cohere_usage(body: Any, headers: Mapping[str, str]) -> Usage:
     billed = meta.get("billed_units") if isinstance(meta, dict) else None
     units = billed.get("search_units") if isinstance(billed, dict) else None
     value = _finite(units)
-    return Usage() if value is None else Usage(search_units=value)
+    if value is None or not 0 <= value <= MAX_USAGE:
+        return Usage()
+    return Usage(search_units=value)
 
 
 def _finite(value: Any) -> float | None:
@@ -322,7 +326,11 @@ def _json_kind(value: Any) -> str:
 
 
 def _describe(value: Any) -> str:
-    text = json.dumps(value, default=repr)
+    """`value` as short JSON for a message; never raises (deep nesting, huge integers)."""
+    try:
+        text = json.dumps(value, default=repr)
+    except (ValueError, RecursionError):
+        text = f"a deeply nested {_json_kind(value)}"
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -368,6 +376,7 @@ def _key_of(fmt: WireFormat, entry: Mapping[str, Any], position: int, n_texts: i
         if (
             not isinstance(raw_id, str)
             or not (raw_id.isascii() and raw_id.isdigit())
+            or len(raw_id) > 18  # no int() of 5,000 digits: no batch has 10**18 texts
             or str(int(raw_id)) != raw_id
             or int(raw_id) >= n_texts
         ):
@@ -406,6 +415,10 @@ def parse_response(
     number of results.
     """
     entries = _entries(fmt, body)
+    if len(entries) > expected:  # before any per-result work: a flood is refused at once
+        raise RerankProtocolError(
+            f"{fmt.name}: expected {expected} results for {n_texts} texts, got {len(entries)}"
+        )
     seen: set[int] = set()
     pairs: list[tuple[int, float]] = []
     for position, entry in enumerate(entries):
@@ -435,10 +448,12 @@ def parse_response(
 
 _BATCH_REFUSALS = (
     # TEI: "batch size 64 > maximum allowed batch size 32"
-    re.compile(r"batch size (?P<sent>\d+) > maximum allowed batch size (?P<cap>\d+)"),
+    re.compile(r"batch size (?P<sent>\d{1,9}) > maximum allowed batch size (?P<cap>\d{1,9})\b"),
     # Infinity and any pydantic/FastAPI server:
     # "List should have at most 2048 items after validation, not 3000"
-    re.compile(r"should have at most (?P<cap>\d+) items? after validation, not (?P<sent>\d+)"),
+    re.compile(
+        r"should have at most (?P<cap>\d{1,9}) items? after validation, not (?P<sent>\d{1,9})\b"
+    ),
 )
 
 
@@ -461,10 +476,7 @@ def batch_cap(content: bytes, sent: int) -> int | None:
     "actual_length": N}}]}`` (only when N is the number of texts sent, so a too-long *string*
     is never taken for a list cap), else the wording `batch_size_refusal` knows.
     """
-    try:
-        body = json.loads(content)
-    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
-        body = None
+    body = _error_json(content)
     detail = body.get("detail") if isinstance(body, dict) else None
     for entry in detail if isinstance(detail, list) else ():
         ctx = entry.get("ctx") if isinstance(entry, dict) else None
@@ -472,8 +484,23 @@ def batch_cap(content: bytes, sent: int) -> int | None:
             cap, actual = _nonneg_int(ctx.get("max_length")), ctx.get("actual_length")
             if cap and actual == sent and cap < sent:
                 return cap
-    cap = batch_size_refusal(content.decode("utf-8", errors="replace"))
+    cap = batch_size_refusal(content[:ERROR_JSON_BYTES].decode("utf-8", errors="replace"))
     return cap if cap is not None and cap < sent else None
+
+
+ERROR_JSON_BYTES = 256 * 1024
+"""Error bodies up to this size are read as JSON; a larger one is taken as text (its start):
+an explanation never needs more, and decoding megabytes would cost more than the error."""
+
+
+def _error_json(content: bytes) -> Any:
+    """An error body's JSON value, or None when it is not JSON (or too large to decode)."""
+    if len(content) > ERROR_JSON_BYTES:
+        return None
+    try:
+        return json.loads(content)
+    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
+        return None
 
 
 def _without_echo(value: Any) -> Any:
@@ -489,23 +516,26 @@ def _same(text: str) -> str:
     return text
 
 
-def _fastapi_detail(detail: list[Any], clean: Callable[[str], str]) -> str:
-    """``type: msg (at loc)`` per FastAPI validation error, without the echoed ``input``;
-    only ``msg`` is free text (``type`` and ``loc`` are the server's own names)."""
-    parts = []
+def _fastapi_detail(detail: list[Any], limit: int) -> str:
+    """``type: msg (at loc)`` per FastAPI validation error, without the echoed ``input``,
+    joined by ``; ``; entries stop once `limit` characters are assembled (the rest could not
+    be quoted anyway, and a list of thousands must not cost thousands of steps)."""
+    parts: list[str] = []
+    size = 0
     for entry in detail:
+        if size > limit:
+            break
         if not isinstance(entry, dict):
-            parts.append(clean(json.dumps(_without_echo(entry))))
-            continue
-        kind, msg, loc = entry.get("type"), entry.get("msg"), entry.get("loc")
-        # All of it is cleaned: only `msg` should be free text, but a server decides.
-        if msg is not None:
-            msg = clean(msg if isinstance(msg, str) else json.dumps(_without_echo(msg)))
-        kind = clean(str(kind)) if kind else kind
-        text = f"{kind}: {msg}" if kind and msg else str(msg or kind or "")
-        if isinstance(loc, list) and loc:
-            text += f" (at {clean('.'.join(str(part) for part in loc))})"
+            text = json.dumps(_without_echo(entry))
+        else:
+            kind, msg, loc = entry.get("type"), entry.get("msg"), entry.get("loc")
+            if msg is not None and not isinstance(msg, str):
+                msg = json.dumps(_without_echo(msg))
+            text = f"{kind}: {msg}" if kind and msg else str(msg or kind or "")
+            if isinstance(loc, list) and loc:
+                text += f" (at {'.'.join(str(part) for part in loc)})"
         parts.append(text)
+        size += len(text) + 2
     return "; ".join(parts)
 
 
@@ -515,19 +545,21 @@ def error_message(content: bytes, limit: int = 500, clean: Callable[[str], str] 
     Knows TEI's ``{"error", "error_type"}``, Cohere's and Mixedbread's ``{"message"}`` (also
     older vLLM's flat ``{"object": "error", "message"}``), Jina's, Voyage's and FastAPI's
     ``{"detail"}`` (a FastAPI validation list becomes ``type: msg (at loc)``, its echoed
-    ``input`` dropped) and vLLM's and Infinity's ``{"error": {"message"}}``; anything else is
-    returned as text. `clean` is applied to every free text (not to FastAPI's ``type`` and
-    ``loc``): `_sanitize` passes the function that removes echoes of the caller's text.
+    ``input`` dropped) and vLLM's and Infinity's ``{"error": {"message"}}``; anything else
+    (or a body over `ERROR_JSON_BYTES`) is returned as text. The message is assembled whole
+    and cut, then `clean` is applied to it once: cleaning pieces before joining them would let
+    pieces each too short to count as an echo join into one (`client.sanitize` cleans).
     """
-    text = content.decode("utf-8", errors="replace").strip()
+    body = _error_json(content)
     try:
-        body = json.loads(text)
-        return _message(body, clean)[:limit]
-    except (ValueError, RecursionError):  # not JSON, or nested too deep to walk: as text
-        return clean(text)[:limit]
+        if body is not None:  # JSON null is shown as text: "null"
+            return clean(_message(body, limit)[:limit])
+    except (ValueError, RecursionError):  # nested too deep to walk: as text
+        pass
+    return clean(content[: limit * 4].decode("utf-8", errors="replace").strip()[:limit])
 
 
-def _message(body: Any, clean: Callable[[str], str]) -> str:
+def _message(body: Any, limit: int) -> str:
     """The provider's own message out of a decoded error body (see `error_message`)."""
     message: Any = None
     if isinstance(body, dict):
@@ -540,8 +572,7 @@ def _message(body: Any, clean: Callable[[str], str]) -> str:
         if message is None:
             message = body.get("message", body.get("detail"))
     if isinstance(message, list):
-        return _fastapi_detail(message, clean)
+        return _fastapi_detail(message, limit)
     if message is None:
-        return clean(json.dumps(_without_echo(body)))
-    text_out = message if isinstance(message, str) else json.dumps(_without_echo(message))
-    return clean(text_out)
+        return json.dumps(_without_echo(body))
+    return message if isinstance(message, str) else json.dumps(_without_echo(message))

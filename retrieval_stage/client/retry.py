@@ -101,7 +101,7 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None
             seconds = float(raw_ms) / 1000.0
         except ValueError:
             seconds = math.nan
-        if math.isfinite(seconds):
+        if not math.isnan(seconds):
             return _usable(seconds)
     raw = lowered.get("retry-after")
     if raw is None:
@@ -112,13 +112,15 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float) -> float | None
     except ValueError:
         try:
             when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError, IndexError):
+            if when is None:  # pragma: no cover - older Pythons returned None
+                return None
+            seconds = when.timestamp() - now
+        except (TypeError, ValueError, IndexError, OverflowError, OSError):
+            # OverflowError/OSError: a date whose year no clock can hold (20 digits, say)
             return None
-        if when is None:  # pragma: no cover - older Pythons returned None
-            return None
-        seconds = when.timestamp() - now
-    if not math.isfinite(seconds):
+    if math.isnan(seconds):
         return None
+    # inf (or 1e400) asks for more time than any deadline has: "not now", never a retry.
     return _usable(seconds)
 
 

@@ -5,32 +5,42 @@ documents in ``input``, TEI and others quote a too-long query. The README promis
 and spans carry no query or document text (also with ``OPENINFERENCE_HIDE_INPUTS``), so every
 error body goes through `server_text` before any `RerankError` quotes it:
 
-- the API key is replaced first, in the raw bytes and after decoding (a server may echo it,
-  JSON-escaped or not), before anything cuts the text (a cut key would survive); then any run
-  of `KEY_MIN_CHARS` characters of it (a half-masked quote of the key);
-- the provider's own message is picked out (`providers.error_message`: status words, error
-  type, FastAPI's ``msg``) with FastAPI's ``input`` fields dropped;
-- in its free text (not FastAPI's ``type`` and ``loc``, the server's own names), any run of
-  `ECHO_MIN_CHARS` or more characters that also occurs in the query or in a
-  submitted text (raw or JSON-escaped) is replaced by `ECHOED`;
-- the rest is cut to `LIMIT` characters.
+- every secret (the API key, URL credentials) is replaced in the raw bytes, in every form JSON
+  escaping gives it, before anything decodes or cuts the body;
+- the provider's own message is picked out and assembled (`providers.error_message`: status
+  words, error type, FastAPI's ``type: msg (at loc)``) with FastAPI's ``input`` fields dropped;
+- the assembled message is cleaned once by `retrieval_stage._redact.clean` (secrets again, runs
+  of them, echoes of the query and the submitted texts) and cut to `LIMIT` characters.
 
-The masking itself lives in `retrieval_stage._redact`, shared with the CLI and telemetry set-up.
+Cleaning after assembling means pieces each too short to count as an echo cannot join into
+one, and a list of a thousand entries costs one cleaning, not a thousand.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .._redact import LIMIT, haystack, scrub_window, without_key_bytes
+from .._redact import (
+    ECHO_MIN_CHARS,
+    ECHOED,
+    LIMIT,
+    Hay,
+    Secrets,
+    clean,
+    haystack,
+    quotable,
+    without_secrets_bytes,
+)
 from .providers import error_message
 
-__all__ = ["server_text"]
+__all__ = ["ECHOED", "ECHO_MIN_CHARS", "LIMIT", "server_text"]
 
 
-def server_text(content: bytes, sent: Sequence[str], secret: str | None = None) -> str:
-    """A server's error body reduced to its own explanation, safe to quote (see module doc)."""
-    content = without_key_bytes(content, secret)
-    hay = haystack(sent)
-    text = error_message(content, limit=LIMIT * 2, clean=lambda t: scrub_window(t, hay, secret))
-    return text if len(text) <= LIMIT else text[: LIMIT - 3] + "..."
+def server_text(content: bytes, sent: Sequence[str] | Hay, secret: Secrets = None) -> str:
+    """A server's error body reduced to its own explanation, safe to quote (see module doc).
+    `sent` is what was sent, or its `Hay` when one is at hand."""
+    content = without_secrets_bytes(content, secret)
+    hay = sent if isinstance(sent, Hay) else haystack(sent)
+    # Assembled up to what can be checked (plus room for secrets to shrink), cleaned once.
+    message = error_message(content, limit=max(quotable(hay, LIMIT * 2), ECHO_MIN_CHARS) * 2)
+    return clean(message, hay, secret, LIMIT)

@@ -9,6 +9,7 @@ one way a driver moves a flow on.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -17,9 +18,11 @@ import httpx
 
 __all__ = [
     "EXPIRED",
+    "UNDECODED",
     "Finished",
     "Flow",
     "Fork",
+    "NotJson",
     "Outcome",
     "Pairs",
     "Reply",
@@ -32,17 +35,45 @@ __all__ = [
 Pairs: TypeAlias = list[tuple[int, float]]
 
 
+class _Undecoded:
+    def __repr__(self) -> str:
+        return "UNDECODED"
+
+
+UNDECODED: Any = _Undecoded()
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """A response read in full."""
+    """A response read in full (within `max_response_bytes`, decoded).
+
+    `decoded` is its JSON value when the driver already decoded it (the async client decodes a
+    large body in slices, giving the loop back between them: `json_steps.async_reply`), the
+    `NotJson` that decoding raised, or `UNDECODED`."""
 
     status_code: int
     headers: Mapping[str, str]
     content: bytes
+    decoded: Any = UNDECODED
 
     @property
     def is_success(self) -> bool:
         return 200 <= self.status_code < 300
+
+    def json(self) -> Any:
+        """The body's JSON value; ValueError or RecursionError when it is not JSON."""
+        if isinstance(self.decoded, NotJson):
+            raise self.decoded.error
+        if self.decoded is not UNDECODED:
+            return self.decoded
+        return json.loads(self.content)
+
+
+@dataclass(frozen=True, slots=True)
+class NotJson:
+    """What decoding a body raised, kept so it is never decoded twice."""
+
+    error: ValueError | RecursionError
 
 
 class Expired:

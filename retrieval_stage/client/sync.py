@@ -13,10 +13,11 @@ from typing import Any, TypeVar
 
 import httpx
 
-from ..errors import RerankError
+from ..errors import RerankError, RerankProtocolError
 from ..models import RerankResponse
+from .body import BodyReader, already_read
 from .core import ClientCore
-from .deadline_io import CALL_DEADLINE, DeadlineTransport
+from .deadline_io import CALL_DEADLINE, DeadlineTransport, http_proxies_only
 from .flow import Call
 from .steps import EXPIRED, Finished, Flow, Pairs, Reply, Send, Sleep, advance
 
@@ -43,11 +44,11 @@ class RerankClient(ClientCore[httpx.Client]):
     _http: httpx.Client  # always an httpx client: the caller's, or ours
 
     def _new_http(self) -> httpx.Client:
-        # Our transport caps every socket read at the call's deadline. httpx builds proxy
-        # routes from HTTP(S)_PROXY only for its own transport, so where a proxy is configured
-        # the client keeps httpx's (the deadline is then checked between reads, as with a
-        # caller's own http_client) rather than silently going around the proxy.
-        if _environment_proxies():
+        # Our transport caps every socket operation at the call's deadline and routes through
+        # the http(s) proxy HTTP(S)_PROXY names. Only a SOCKS proxy keeps httpx's own transport
+        # (the deadline is then checked between reads, as with a caller's own http_client)
+        # rather than silently going around the proxy.
+        if _environment_proxies() and not http_proxies_only():
             return httpx.Client()
         return httpx.Client(transport=DeadlineTransport())
 
@@ -106,7 +107,9 @@ class RerankClient(ClientCore[httpx.Client]):
                 answer = [self._drive(call, sub) for sub in step.flows]
         return step.value
 
-    def _send(self, call: Call, step: Send) -> Reply | httpx.HTTPError | object:
+    def _send(
+        self, call: Call, step: Send
+    ) -> Reply | httpx.HTTPError | RerankProtocolError | object:
         """One request, read in full within the call's deadline.
 
         httpx's timeout bounds each read, not the whole body, so a server trickling bytes could
@@ -116,15 +119,34 @@ class RerankClient(ClientCore[httpx.Client]):
         remaining = call.deadline.remaining()
         token = CALL_DEADLINE.set(time.monotonic() + remaining)
         try:
+            # Never follow a redirect, whatever the caller's client says: it would carry the
+            # key to the origin the server names (a 30x is judged by the flow).
             with self._http.stream(
-                step.method, step.url, headers=step.headers, json=step.body, timeout=remaining
+                step.method,
+                step.url,
+                headers=step.headers,
+                json=step.body,
+                timeout=remaining,
+                follow_redirects=False,
             ) as response:
-                parts: list[bytes] = []
-                for chunk in response.iter_bytes():
-                    parts.append(chunk)
+                # Raw bytes, inflated here within the limit (httpx would inflate each chunk
+                # whole); leaving the block early closes the connection, never reused.
+                limit = self._plan.max_response_bytes
+                if response.is_stream_consumed:  # a transport that read it (a test's mock)
+                    return Reply(response.status_code, response.headers,
+                                 already_read(response.content, limit))  # fmt: skip
+                reader = BodyReader(response.headers, limit)
+                for chunk in response.iter_raw():
+                    reader.feed(chunk)
                     if call.deadline.expired():
                         return EXPIRED
-                return Reply(response.status_code, response.headers, b"".join(parts))
+                return Reply(response.status_code, response.headers, reader.finish())
+        except RerankProtocolError as exc:
+            return exc
+        except httpx.InvalidURL:  # a redirect whose Location httpx cannot even parse
+            return RerankProtocolError(
+                "the server answered a redirect to a Location that is not a URL (not followed)"
+            )
         except httpx.HTTPError as exc:
             return exc
         except RuntimeError:

@@ -37,7 +37,7 @@ from retrieval_stage import (
     RerankTransportError,
 )
 from retrieval_stage.client.aiohttp_io import httpx_error, httpx_error_type
-from retrieval_stage.client.bounded_body import ACCEPT_ENCODING
+from retrieval_stage.client.body import ACCEPT_ENCODING
 
 from ..conftest import WireMock
 
@@ -141,7 +141,6 @@ def deflate_raw(data: bytes) -> bytes:
     [
         ("gzip", gzip.compress),
         ("deflate", deflate_raw),
-        ("gzip, gzip", lambda b: gzip.compress(gzip.compress(b))),
         ("identity", lambda b: b),
     ],
 )
@@ -176,9 +175,8 @@ def bomb(layers: int) -> bytes:
     ("name", "raw"),
     [
         ("gzip bomb", response(bomb(1), content_encoding="gzip")),
-        ("gzip, gzip bomb", response(bomb(2), content_encoding="gzip, gzip")),
         ("plain, Content-Length over the limit", response(b"[" + b" " * LIMIT + b"]")),
-        ("a 413 bomb", response(bomb(2), status=413, content_encoding="gzip, gzip")),
+        ("a 413 bomb", response(bomb(1), status=413, content_encoding="gzip")),
     ],
 )
 async def test_a_response_over_the_limit_is_refused_naming_it(name: str, raw: bytes) -> None:
@@ -220,10 +218,18 @@ async def test_an_endless_chunked_body_is_refused_at_the_limit() -> None:
     assert time.monotonic() - started < MARGIN_S
 
 
-async def test_an_encoding_we_did_not_ask_for_is_refused_naming_it() -> None:
-    raw = response(b"\x1b\xff\xff\x7f" * 100, content_encoding="br")
+@pytest.mark.parametrize(
+    ("encoding", "body"),
+    [("br", b"\x1b\xff\xff\x7f" * 100), ("gzip, gzip", bomb(2))],
+)
+async def test_an_encoding_we_did_not_ask_for_is_refused_naming_it(
+    encoding: str, body: bytes
+) -> None:
+    """`br`, and stacked encodings (a two-layer gzip bomb), are refused before a byte is
+    decoded."""
+    raw = response(body, content_encoding=encoding)
     async with loopback(fixed(raw)) as (url, _), AsyncRerankClient(url, max_retries=0) as client:
-        with pytest.raises(RerankProtocolError, match="Content-Encoding 'br'"):
+        with pytest.raises(RerankProtocolError, match=f"Content-Encoding '{encoding}'"):
             await client.rerank("q", ["a", "b"])
 
 

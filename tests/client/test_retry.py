@@ -8,6 +8,7 @@ reaches past the call's deadline. The last tests drive a real client through
 from __future__ import annotations
 
 import email.utils
+import math
 import types
 from collections.abc import Callable, Iterator
 
@@ -158,7 +159,14 @@ def test_retry_after_ms_wins_over_retry_after() -> None:
 def test_unusable_retry_after_ms_falls_back_to_retry_after() -> None:
     assert parse_retry_after({"retry-after-ms": "soon", "Retry-After": "2"}, now=NOW) == 2.0
     assert parse_retry_after({"retry-after-ms": "nan", "Retry-After": "2"}, now=NOW) == 2.0
-    assert parse_retry_after({"retry-after-ms": "inf", "Retry-After": "2"}, now=NOW) == 2.0
+
+
+def test_an_infinite_retry_after_means_not_now() -> None:
+    """inf (or 1e400, which float() reads as inf) asks for more than any deadline: kept as
+    asked, so the deadline refuses the retry (issue 23)."""
+    for headers in ({"retry-after-ms": "inf", "Retry-After": "2"}, {"Retry-After": "1e400"}):
+        assert parse_retry_after(headers, now=NOW) == math.inf
+        assert retry_wait(0, headers=headers, remaining=30.0, random=fixed(0.0), now=NOW) is None
 
 
 def test_negative_retry_after_counts_as_zero() -> None:
@@ -166,7 +174,10 @@ def test_negative_retry_after_counts_as_zero() -> None:
     assert parse_retry_after({"retry-after-ms": "-5"}, now=NOW) == 0.0
 
 
-@pytest.mark.parametrize("value", ["", "soon", "nan", "inf", "Sun, 99 Foo 2024 00:00:00 GMT"])
+@pytest.mark.parametrize(
+    "value",
+    ["", "soon", "nan", "Sun, 99 Foo 2024 00:00:00 GMT", "Wed, 21 Oct 99999999999999999999 07:28"],
+)
 def test_garbage_retry_after_is_ignored(value: str) -> None:
     assert parse_retry_after({"Retry-After": value}, now=NOW) is None
 
