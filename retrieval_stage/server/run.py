@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,6 +149,12 @@ def serve(
         server_header=False,
     )
     server = uvicorn.Server(config)
+    # uvicorn re-raises the signal that stopped it once it has drained; with Python's default
+    # handler that would kill the process before telemetry is flushed. A handler that only
+    # notes the signal keeps it alive for that last step.
+    stopped_by: list[int] = []
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda received, _frame: stopped_by.append(received))
     _log.info(
         "server.starting",
         host=host,
@@ -161,4 +168,7 @@ def serve(
         server.run()
     finally:
         shutdown_telemetry(tracer_provider, meter_provider)
+        _log.info(
+            "server.exited", signal=signal.Signals(stopped_by[0]).name if stopped_by else None
+        )
     return 1 if outcome.load_error is not None or not server.started else 0
