@@ -8,6 +8,7 @@ wrong text fails here.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -176,6 +177,25 @@ def test_a_body_over_the_limit_is_refused_unread(lexical_server: Served) -> None
     reply = post(lexical_server.url, {"query": "q", "texts": [SECRET * 160_000]})  # ~2.2 MB
     assert "2000000-byte limit" in _error(reply, 413, "PayloadTooLarge")
     assert post(lexical_server.url, big).status_code == 200
+
+
+def test_a_chunked_body_is_cut_off_at_the_limit(lexical_server: Served) -> None:
+    """No Content-Length to refuse by: the server stops reading once the limit is passed."""
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"query": "q", "texts": ["'
+        for _ in range(300):
+            yield SECRET.encode() * 1000  # 14 KB a chunk, ~4.2 MB in all
+        yield b'"]}'
+
+    reply = httpx.post(
+        lexical_server.url + "/rerank",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+        timeout=60.0,
+    )
+    assert "content-length" not in reply.request.headers
+    assert "2000000-byte limit" in _error(reply, 413, "PayloadTooLarge")
 
 
 def test_unknown_paths_and_methods_answer_in_teis_shape(lexical_server: Served) -> None:
