@@ -316,6 +316,7 @@ def create_app(
             "server": "retrieval-stage",
             "reranker": state.scorer.kind,
             "ready": state.ready,
+            "queue_depth": state.batcher.depth if state.batcher is not None else 0,
         }
         return Response(json.dumps(body).encode(), media_type="application/json")
 

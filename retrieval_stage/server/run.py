@@ -66,8 +66,8 @@ class _Outcome:
 def _telemetry(project: str | None) -> tuple[Any, Any, str | None]:
     """Tracer and meter providers exporting over OTLP when an endpoint is set, else ones that
     record nothing; and where the spans go (None: nowhere)."""
-    from ..otlp import otlp_endpoint_configured, otlp_target
     from ..telemetry import configure_metrics, configure_tracing
+    from ..telemetry.otlp import otlp_endpoint_configured, otlp_target
 
     service = os.environ.get("OTEL_SERVICE_NAME") or SERVICE_NAME
     chosen = project or os.environ.get("RETRIEVAL_STAGE_PROJECT") or DEFAULT_PROJECT

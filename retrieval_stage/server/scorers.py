@@ -89,9 +89,8 @@ class CrossEncoderScorer:
         from ..local import CrossEncoderReranker
 
         self.reranker = CrossEncoderReranker(model, batch_size=batch_size, device="cpu")
-        self.batch_size = batch_size
-        self._encoder: Any = None
         self._counter: Any = None
+        self._max_length = 512
 
     @property
     def model_id(self) -> str:
@@ -99,14 +98,12 @@ class CrossEncoderScorer:
 
     @property
     def max_input_length(self) -> int:
-        if self._encoder is None:
-            return 512
-        return int(self._encoder.max_length or self._encoder.tokenizer.model_max_length)
+        return self._max_length
 
     def load(self) -> None:
         self.reranker.load()
-        self._encoder = self.reranker._loaded()
-        self._counter = copy.deepcopy(self._encoder.tokenizer)
+        self._max_length = self.reranker.max_input_length
+        self._counter = copy.deepcopy(self.reranker.tokenizer)
 
     def count(self, query: str, texts: Sequence[str]) -> tuple[int, list[int]]:
         return _lengths(self._counter, [query], None)[0], _lengths(
@@ -114,24 +111,11 @@ class CrossEncoderScorer:
         )
 
     def score(self, groups: Sequence[Group]) -> list[list[float]]:
-        import torch
-
         out: list[list[float]] = [[] for _ in groups]
         for raw in (False, True):
             chosen = [i for i, g in enumerate(groups) if g.raw_scores is raw]
             pairs = [(groups[i].query, t) for i in chosen for t in groups[i].texts]
-            if not pairs:
-                continue
-            scores = self._encoder.predict(
-                pairs,
-                batch_size=self.batch_size,
-                show_progress_bar=False,
-                convert_to_numpy=True,
-                activation_fn=torch.nn.Identity() if raw else None,
-            )
-            flat = [float(s) for s in scores.reshape(-1).tolist()]
-            if len(flat) != len(pairs):
-                raise RuntimeError(f"the cross-encoder gave {len(flat)} scores for {len(pairs)}")
+            flat = self.reranker.score_pairs(pairs, raw=raw)
             start = 0
             for i in chosen:
                 n = len(groups[i].texts)
@@ -153,8 +137,8 @@ class EmbeddingScorer:
 
         cache = EmbeddingCache(cache_size) if cache_size > 0 else None
         self.reranker = EmbeddingReranker(model, batch_size=batch_size, device="cpu", cache=cache)
-        self._encoder: Any = None
         self._counter: Any = None
+        self._max_length = 512
 
     @property
     def model_id(self) -> str:
@@ -162,41 +146,29 @@ class EmbeddingScorer:
 
     @property
     def max_input_length(self) -> int:
-        if self._encoder is None:
-            return 512
-        return int(self._encoder.max_seq_length)
+        return self._max_length
 
     def load(self) -> None:
         self.reranker.load()
-        self._encoder = self.reranker._loaded()
-        self._counter = copy.deepcopy(self._encoder.tokenizer)
+        self._max_length = self.reranker.max_input_length
+        self._counter = copy.deepcopy(self.reranker.tokenizer)
 
     def count(self, query: str, texts: Sequence[str]) -> tuple[int, list[int]]:
         return _lengths(self._counter, [query], None)[0], _lengths(self._counter, texts, None)
 
     def score(self, groups: Sequence[Group]) -> list[list[float]]:
-        import numpy as np
-
         queries = list(dict.fromkeys(g.query for g in groups))
-        method = getattr(self._encoder, "encode_query", None) or self._encoder.encode
-        vectors = np.asarray(
-            method(
-                queries,
-                batch_size=self.reranker.batch_size,
-                show_progress_bar=False,
-                convert_to_numpy=True,
-                normalize_embeddings=True,
-            ),
-            dtype=np.float32,
-        )
-        by_query = dict(zip(queries, vectors, strict=True))
+        by_query = dict(zip(queries, self.reranker.embed_queries(queries), strict=True))
         documents = self.reranker.embed_documents([t for g in groups for t in g.texts])
         out: list[list[float]] = []
         start = 0
         for group in groups:
             n = len(group.texts)
             rows = documents[start : start + n]
-            out.append([float(s) for s in (rows @ by_query[group.query]).tolist()])
+            scores = [float(s) for s in (rows @ by_query[group.query]).tolist()]
+            if not all(math.isfinite(s) for s in scores):
+                raise ValueError("the embedding model gave a score that is not finite")
+            out.append(scores)
             start += n
         return out
 

@@ -1,9 +1,8 @@
 """A real `retrieval-stage serve` on loopback, as a user starts it, for the server tests.
 
-`start_server` runs the command (``python -m retrieval_stage.server``, the same Typer command
-``retrieval-stage serve`` runs) in its own process on a free 127.0.0.1 port, waits until
-``/health`` answers 200, and stops it with SIGTERM at the end. Its stderr (our JSON log lines)
-is kept in a file and can be read back with `Served.log_lines`.
+`start_server` runs the command (the venv's ``retrieval-stage serve``) in its own process on
+a free 127.0.0.1 port, waits until ``/health`` answers 200, and stops it with SIGTERM at the
+end. Its stderr (our JSON log lines) is kept in a file; `Served.log_lines` reads it back.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(sys.executable).parent / "retrieval-stage"
 # Measured: 10-35 s from start to a loaded MiniLM on a busy 2-core machine (imports, mostly).
 STARTUP_SECONDS = 180.0
 STOP_SECONDS = 30.0
@@ -103,7 +103,7 @@ def start_server(
     log_path = tmp / f"server-{port}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "retrieval_stage.server", "--port", str(port), *args],
+            [str(SCRIPT), "serve", "--port", str(port), *args],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

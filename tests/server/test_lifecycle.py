@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
 
@@ -14,7 +13,7 @@ from retrieval_stage.server import ServerSettings, serve
 from retrieval_stage.server.run import NotLoopbackError
 from retrieval_stage.server.settings import is_loopback
 
-from .served import ROOT, server_env, start_server, wait_healthy
+from .served import ROOT, SCRIPT, server_env, start_server, wait_healthy
 
 
 def test_health_is_503_until_the_model_is_loaded_and_sigterm_stops_a_loading_server(
@@ -42,8 +41,9 @@ def test_health_is_503_until_the_model_is_loaded_and_sigterm_stops_a_loading_ser
 def test_sigterm_drains_the_requests_in_flight_then_exits(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """Eight requests wait in the queue (an idle model waits 1 s for company) when SIGTERM
-    arrives: every one is answered in full, new connections are refused, the exit code is 0."""
+    """Eight requests wait in the queue (an idle model waits 1 s for company, and /info says
+    how many wait) when SIGTERM arrives: every one is answered in full, new connections are
+    refused, the exit code is 0."""
     tmp = tmp_path_factory.mktemp("drain")
     with start_server(tmp, "--reranker", "lexical", "--batch-wait-ms", "1000") as served:
         replies: list[httpx.Response | BaseException] = []
@@ -64,14 +64,17 @@ def test_sigterm_drains_the_requests_in_flight_then_exits(
         threads = [threading.Thread(target=call, args=(n,)) for n in range(8)]
         for thread in threads:
             thread.start()
-        time.sleep(0.5)  # all eight are queued: the batch starts 1 s after the first
-        served.proc.terminate()  # SIGTERM
+        deadline = time.monotonic() + 20
+        while httpx.get(served.url + "/info", timeout=5.0).json()["queue_depth"] < 8:
+            assert time.monotonic() < deadline, "the eight requests never all queued"
+            time.sleep(0.01)
+        served.proc.terminate()  # SIGTERM, with eight requests waiting for their batch
         time.sleep(0.3)
         with pytest.raises(httpx.ConnectError):
             httpx.get(served.url + "/info", timeout=2.0)
         for thread in threads:
             thread.join(timeout=30)
-        assert served.stop() == 0
+        assert served.proc.wait(timeout=30) == 0
     assert len(replies) == 8
     for reply in replies:
         assert isinstance(reply, httpx.Response), reply
@@ -110,7 +113,7 @@ def test_a_non_loopback_address_is_refused_before_anything_binds() -> None:
 
 def _command(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "retrieval_stage.server", *args],
+        [str(SCRIPT), "serve", *args],
         capture_output=True,
         text=True,
         env=server_env(COLUMNS="200"),

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_phoenix import INGEST_SECONDS, Run, _demo, _project_spans, phoenix  # noqa: F401
+from tests.servers.test_phoenix import INGEST_SECONDS, Run, _demo, _project_spans, phoenix  # noqa: F401
 
 from .served import Served, server_env, start_server
 
