@@ -32,6 +32,7 @@ NAMES: tuple[str, ...] = (
     "memory",
     "peers",
     "breakdown",
+    "rerank_server",
 )
 
 

@@ -13,7 +13,10 @@ Reported per server and concurrency: requests per second and p50/p99 latency (me
 rounds), and the ratios the issue's targets are stated in: our throughput over Infinity's at
 32 clients (target >= 1.0) and our p50 over Infinity's at 1 client (target <= 1.1).
 
-    python -m benchmarks.rerank_server [--quick] [--json PATH] [--threads N]
+    python -m benchmarks --only rerank_server       # as a section of the benchmark run
+    python -m benchmarks.sections.rerank_server [--quick] [--json PATH] [--threads N]
+
+Where Infinity is not installed the section says so and measures nothing.
 """
 
 from __future__ import annotations
@@ -35,9 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import guard
+from .. import guard
+from ..report import Row, verdict
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 QUERY = "which passage explains how a cross-encoder reranks retrieved documents"
 DOCS = 50
 CONCURRENCY = (1, 8, 32)
@@ -58,14 +62,35 @@ def passage(i: int) -> str:
     return " ".join(_WORDS[(i * 7 + k * 3) % len(_WORDS)] for k in range(60))
 
 
+SCALE = {
+    "server_rounds": (2, 1),
+    "server_requests_1": (4, 2),
+    "server_requests_8": (16, 8),
+    "server_requests_32": (32, 32),
+}
+"""Rounds, and requests per round at 1, 8 and 32 clients (full run, --quick)."""
+
+
 @dataclass(frozen=True)
-class Scale:
-    rounds: int = 2
-    requests: tuple[tuple[int, int], ...] = ((1, 4), (8, 16), (32, 32))
+class Plan:
+    rounds: int
+    requests: tuple[tuple[int, int], ...]
     """(concurrency, requests per round)."""
 
+    @classmethod
+    def of(cls, scale: Any) -> Plan:
+        return cls(
+            scale.server_rounds,
+            tuple((c, getattr(scale, f"server_requests_{c}")) for c in CONCURRENCY),
+        )
 
-QUICK = Scale(rounds=1, requests=((1, 2), (8, 8), (32, 32)))
+
+FULL = Plan(
+    SCALE["server_rounds"][0], tuple((c, SCALE[f"server_requests_{c}"][0]) for c in CONCURRENCY)
+)
+QUICK = Plan(
+    SCALE["server_rounds"][1], tuple((c, SCALE[f"server_requests_{c}"][1]) for c in CONCURRENCY)
+)
 
 
 def _free_port() -> int:
@@ -225,7 +250,7 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[rank]
 
 
-async def measure(servers: list[Server], scale: Scale) -> dict[str, Any]:
+async def _measure(servers: list[Server], scale: Plan) -> dict[str, Any]:
     """Per server and concurrency, per round: requests/s, p50 and p99 seconds."""
     import httpx
 
@@ -299,14 +324,14 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(scale: Scale, threads: int | None = None) -> dict[str, Any]:
+def run(scale: Plan, threads: int | None = None) -> dict[str, Any]:
     """Start both servers, measure, stop them; raw samples and the summary."""
     guard.install()
     with tempfile.TemporaryDirectory(prefix="bench-rerank-server-") as tmp:
         model = make_model(Path(tmp))
         servers = start_servers(model, Path(tmp), threads)
         try:
-            raw = asyncio.run(measure(servers, scale))
+            raw = asyncio.run(_measure(servers, scale))
         finally:
             for server in servers:
                 server.stop()
@@ -319,6 +344,45 @@ def run(scale: Scale, threads: int | None = None) -> dict[str, Any]:
     }
 
 
+def measure(server: Any, scale: Any) -> dict[str, Any]:
+    """The section: both servers of its own (the benchmark's fake server is not used).
+    ``BENCH_SERVER_THREADS`` sets torch's threads for both (default: torch's own)."""
+    if _infinity() is None:
+        return {"skipped": "Infinity is not installed (tests/infinity/setup.sh)"}
+    threads = os.environ.get("BENCH_SERVER_THREADS")
+    return run(Plan.of(scale), int(threads) if threads else None)
+
+
+def targets(result: dict[str, Any], results: dict[str, Any]) -> list[Row]:
+    """>= 1.0x Infinity's throughput at 32 clients; p50 at 1 client <= 1.1x Infinity's."""
+    if "skipped" in result:
+        return [("serve vs Infinity", f"not measured: {result['skipped']}", "", "")]
+    t, p = result["throughput_ratio_at_32"], result["p50_ratio_at_1"]
+    return [
+        ("serve / Infinity: requests/s at 32 clients", f"{t:.2f}x", ">= 1.0x", verdict(t >= 1.0)),
+        ("serve / Infinity: p50 at 1 client", f"{p:.2f}x", "<= 1.1x", verdict(p <= 1.1)),
+    ]
+
+
+def rows(result: dict[str, Any], results: dict[str, Any]) -> list[Row]:
+    if "skipped" in result:
+        return []
+    out: list[Row] = []
+    medians = result["medians"]
+    for c in (str(c) for c in CONCURRENCY):
+        o, i = medians["ours"][c], medians["infinity"][c]
+        out.append(
+            (
+                f"serve vs Infinity @{c} clients, {DOCS} docs: req/s; p50 / p99 s",
+                f"{o['rps']:.2f} vs {i['rps']:.2f}; {o['p50_s']:.2f} / {o['p99_s']:.2f} vs "
+                f"{i['p50_s']:.2f} / {i['p99_s']:.2f}",
+                "(context)",
+                "",
+            )
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run, not a measurement")
@@ -327,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, help="torch threads for both servers (default: torch's)"
     )
     args = parser.parse_args(argv)
-    result = run(QUICK if args.quick else Scale(), args.threads)
+    result = run(QUICK if args.quick else FULL, args.threads)
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
