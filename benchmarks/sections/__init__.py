@@ -33,6 +33,7 @@ NAMES: tuple[str, ...] = (
     "peers",
     "breakdown",
     "transports",
+    "rerank_server",
 )
 
 

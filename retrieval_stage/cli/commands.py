@@ -1,4 +1,4 @@
-"""The commands: ``demo``, ``rerank`` and ``eval``, and the console script's `main`.
+"""The commands: ``demo``, ``rerank``, ``eval`` and ``serve``, and the console script's `main`.
 
 ``demo`` recalls from the bundled standard-library corpus and reranks, ``rerank`` reorders
 candidates given as JSON lines, ``eval`` compares recall with reranked on judged queries. Each
@@ -48,6 +48,7 @@ from .render import (
     why_failed,
 )
 from .reranker import Chosen
+from .serve import serve
 from .session import Tracing, session
 
 __all__ = ["app", "main"]
@@ -600,6 +601,10 @@ def _print_report(report: Any, chosen: Chosen, inputs: _EvalInputs) -> None:
     note(console, f"p: {report.test}")
     if report.unjudged:
         note(console, f"{len(report.unjudged)} queries without a relevant document were skipped")
+
+
+# The rerank server (retrieval_stage.server, the [server] extra), defined in cli/serve.py.
+app.command("serve", cls=Command)(serve)
 
 
 def main() -> None:

@@ -114,25 +114,55 @@ class CrossEncoderReranker(InProcessModel):
         kept, texts, cap = snapshot(query, items, text, top_k)
         if not texts:
             return []
+        scores = self.score_pairs([(query, t) for t in texts])
+        return [(kept[i], s) for i, s in rank(list(enumerate(scores)), cap)]
+
+    def score_pairs(self, pairs: Sequence[tuple[str, str]], *, raw: bool = False) -> list[float]:
+        """One score per (query, text) pair, in order; each pair is read on its own, so the
+        pairs may come from different queries (the rerank server batches requests so).
+
+        Scores go through the model's activation (a sigmoid for one label) unless `raw`.
+        `RerankError` when the model fails, `RerankProtocolError` for a score that is not a
+        finite number or a count that does not match.
+        """
+        if not pairs:
+            return []
         encoder = self._loaded()
         try:
-            raw = encoder.predict(
-                [(query, t) for t in texts],
+            activation: Any = None
+            if raw:
+                import torch
+
+                activation = torch.nn.Identity()
+            out = encoder.predict(
+                list(pairs),
                 batch_size=self.batch_size,
                 show_progress_bar=False,
                 convert_to_numpy=True,
+                activation_fn=activation,
             )
         except Exception as exc:  # torch and tokenizer errors have no common base
             raise RerankError(f"cross-encoder failed: {type(exc).__name__}: {exc}") from exc
-        scores = [float(s) for s in raw.reshape(-1).tolist()]
-        if len(scores) != len(texts):
+        scores = [float(s) for s in out.reshape(-1).tolist()]
+        if len(scores) != len(pairs):
             raise RerankProtocolError(
-                f"cross-encoder returned {len(scores)} scores for {len(texts)} texts"
+                f"cross-encoder returned {len(scores)} scores for {len(pairs)} texts"
             )
         for i, score in enumerate(scores):
             if not math.isfinite(score):
                 raise RerankProtocolError(f"cross-encoder score {score!r} for item {i}")
-        return [(kept[i], s) for i, s in rank(list(enumerate(scores)), cap)]
+        return scores
+
+    @property
+    def tokenizer(self) -> Any:
+        """The loaded model's tokenizer (loads the model first)."""
+        return self._loaded().tokenizer
+
+    @property
+    def max_input_length(self) -> int:
+        """Tokens of one (query, text) pair the model reads; the rest is cut (loads the model)."""
+        encoder = self._loaded()
+        return int(encoder.max_length or encoder.tokenizer.model_max_length)
 
 
 class AsyncCrossEncoderReranker(InThread[CrossEncoderReranker]):

@@ -197,6 +197,22 @@ class EmbeddingReranker(InProcessModel):
             raise RerankProtocolError("embedding model returned a non-finite value")
         return array
 
+    def embed_queries(self, queries: Sequence[str]) -> Any:
+        """The queries' normalised embeddings, one row each (a 2-D float32 numpy array),
+        embedded in one batch with the model's query prompt (the rerank server's many queries)."""
+        self.load()
+        return self._encode(list(queries), "query")
+
+    @property
+    def tokenizer(self) -> Any:
+        """The loaded model's tokenizer (loads the model first)."""
+        return self._loaded().tokenizer
+
+    @property
+    def max_input_length(self) -> int:
+        """Tokens of one text the model reads; the rest is cut (loads the model)."""
+        return int(self._loaded().max_seq_length)
+
     def embed_query(self, query: str) -> Any:
         """The query's normalised embedding (a 1-D float32 numpy array)."""
         self.load()

@@ -38,6 +38,9 @@ from ..fakes import ByLength, Failing
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yaml"
+DOCKERFILE_SERVER = ROOT / "docker" / "Dockerfile.server"
+BUILT = {"app": "docker/Dockerfile", "reranker": "docker/Dockerfile.server"}
+"""The services compose builds from this repository, and their Dockerfiles."""
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 COLLECTOR = ROOT / "telemetry" / "otel-collector.yaml"
 TEMPO = ROOT / "telemetry" / "tempo.yaml"
@@ -228,6 +231,7 @@ def test_compose_defines_the_stack_with_pinned_images() -> None:
     services = load_yaml(COMPOSE)["services"]
 
     assert set(services) == {
+        "reranker",
         "tei",
         "wiremock",
         "otel-collector",
@@ -239,15 +243,16 @@ def test_compose_defines_the_stack_with_pinned_images() -> None:
     }
     for name, service in services.items():
         image = service.get("image")
-        if name == "app":
+        if name in BUILT:
             assert image is None
-            assert service["build"]["dockerfile"] == "docker/Dockerfile"
+            assert service["build"]["dockerfile"] == BUILT[name]
             continue
         repository, _, tag = image.rpartition(":")
         assert repository, f"{name}: {image!r}"
         assert tag not in {"", "latest"}, f"{name}: pin {image!r}"
         assert not re.fullmatch(r"\d+", tag), f"{name}: {image!r} pins only a major version"
     assert services["phoenix"]["profiles"] == ["phoenix"]
+    assert services["tei"]["profiles"] == ["tei"], "TEI is opt-in: its image is often missing"
     assert services["tei"]["command"] == ["--model-id", "BAAI/bge-reranker-base"]
 
 
@@ -310,6 +315,7 @@ def test_compose_publishes_the_documented_ports() -> None:
     assert published["prometheus"] == {"9090"}
     assert published["otel-collector"] == {"4317", "4318"}
     assert published["tei"] == {"8080"}
+    assert published["reranker"] == {"8082"}
     assert published["wiremock"] == {"8081"}
     assert published["phoenix"] == {"6006"}
     every = set().union(*published.values())
@@ -392,12 +398,13 @@ def test_compose_has_no_default_credentials() -> None:
     assert "GF_ADMIN_PASSWORD" in readme
 
 
-def test_compose_app_runs_the_demo_against_tei_and_the_collector() -> None:
+def test_compose_app_runs_the_demo_against_the_reranker_service_and_the_collector() -> None:
     app = load_yaml(COMPOSE)["services"]["app"]
 
     assert app["build"]["context"] == ".."
-    command = app["command"]
-    assert command[:5] == ["demo", "--endpoint", "http://tei:80", "--provider", "tei"]
+    command = [with_nothing_set(part) for part in app["command"]]
+    assert command[:5] == ["demo", "--endpoint", "http://reranker:8080", "--provider", "tei"]
+    assert "${RERANK_ENDPOINT:-" in app["command"][2], "TEI can be chosen instead"
     # Every option in the command is one the real CLI accepts (parsed, not run).
     import typer.main
 
@@ -408,11 +415,24 @@ def test_compose_app_runs_the_demo_against_tei_and_the_collector() -> None:
     sub = group.get_command(ctx, command[0])  # type: ignore[attr-defined]
     assert sub is not None
     params = sub.make_context(command[0], list(command[1:])).params
-    assert params["endpoint"] == "http://tei:80"
+    assert params["endpoint"] == "http://reranker:8080"
     assert params["repeat"] > 1, "the demo keeps traffic flowing into the dashboards"
     assert app["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318"
-    assert app["depends_on"]["tei"]["condition"] == "service_healthy"
+    assert app["depends_on"]["reranker"]["condition"] == "service_healthy"
     assert "otel-collector" in app["depends_on"]
+
+
+def test_compose_reranker_serves_on_the_port_the_app_calls_and_traces_to_the_collector() -> None:
+    reranker = load_yaml(COMPOSE)["services"]["reranker"]
+    entrypoint = _instructions(DOCKERFILE_SERVER)
+    assert [
+        "ENTRYPOINT",
+        '["retrieval-stage", "serve", "--host", "0.0.0.0", "--port", "8080"]',
+    ] in entrypoint
+    assert [host for _, host, container in published_ports(reranker)] == ["8082"]
+    assert [container for _, _, container in published_ports(reranker)] == ["8080"]
+    assert reranker["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318"
+    assert "/health" in " ".join(reranker["healthcheck"]["test"])
 
 
 def test_compose_healthy_conditions_have_healthchecks() -> None:
@@ -449,18 +469,24 @@ def test_compose_bind_mounts_and_build_context_exist() -> None:
                 assert (base / source).exists(), f"{name}: {source} does not exist"
             else:
                 assert source in compose["volumes"], f"{name}: undeclared volume {source}"
-    build = compose["services"]["app"]["build"]
-    assert (base / build["context"] / build["dockerfile"]).is_file()
+    for name in BUILT:
+        build = compose["services"][name]["build"]
+        assert (base / build["context"] / build["dockerfile"]).is_file()
     assert (ROOT / "tests" / "wiremock" / "mappings").is_dir()
 
 
-def test_dockerfile_installs_the_project_and_runs_unprivileged() -> None:
-    text = DOCKERFILE.read_text(encoding="utf-8")
-    instructions = [
+def _instructions(path: Path) -> list[list[str]]:
+    text = path.read_text(encoding="utf-8")
+    joined = re.sub(r"\\\n\s*", " ", text)  # continuation lines
+    return [
         line.split(None, 1)
-        for line in text.splitlines()
+        for line in joined.splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]
+
+
+def test_dockerfile_installs_the_project_and_runs_unprivileged() -> None:
+    instructions = _instructions(DOCKERFILE)
     froms = [args for op, *args in instructions if op == "FROM"]
     users = [args[0].strip() for op, *args in instructions if op == "USER"]
 
@@ -469,6 +495,23 @@ def test_dockerfile_installs_the_project_and_runs_unprivileged() -> None:
     assert users
     assert users[-1] not in {"root", "0"}
     assert ["ENTRYPOINT", '["retrieval-stage"]'] in instructions
+
+
+def test_the_server_dockerfile_installs_the_server_and_a_model_and_runs_unprivileged() -> None:
+    instructions = _instructions(DOCKERFILE_SERVER)
+    froms = [args for op, *args in instructions if op == "FROM"]
+    users = [args[0].strip() for op, *args in instructions if op == "USER"]
+    runs = " ".join(args[0] for op, *args in instructions if op == "RUN")
+
+    assert froms == [["python:3.11-slim"]]
+    assert 'pip install ".[cli,server,local]"' in runs
+    assert users
+    assert users[-1] not in {"root", "0"}
+    assert any(op == "HEALTHCHECK" and "/health" in args[0] for op, *args in instructions)
+    ignored = (DOCKERFILE_SERVER.parent / "Dockerfile.server.dockerignore").read_text("utf-8")
+    copied = [args[0].split()[:-1] for op, *args in instructions if op == "COPY"]
+    for source in (part for sources in copied for part in sources):
+        assert f"!{source.rstrip('/')}" in ignored.replace("/\n", "\n"), source
 
 
 def test_the_dockerfile_entrypoint_is_a_console_script_of_the_project() -> None:

@@ -1,0 +1,157 @@
+"""``retrieval-stage serve``: the TEI-compatible rerank server for the in-process models.
+
+Needs the ``[server]`` extra (uvicorn, Starlette, the ASGI instrumentation) and, for a model,
+``[local]``. Defaults are TEI's where TEI has the knob, so a TEI client pointed here works
+unchanged; ``--max-client-batch-size`` is refused with TEI's wording, so ours learns it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+import typer
+
+from .console import EXIT_FAILURE, EXIT_USAGE, fail
+
+__all__ = ["SERVER_INSTALL_HINT", "ServeReranker", "serve"]
+
+SERVER_INSTALL_HINT = "pip install 'retrieval-stage[server,local]'"
+
+
+class ServeReranker(str, enum.Enum):
+    """What the server runs."""
+
+    embedding = "embedding"
+    local = "local"
+    lexical = "lexical"
+
+
+def serve(
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host",
+            help="Address to bind. Default 127.0.0.1: only this machine. Any other address "
+            "opens an unauthenticated server to the network, so it must be given here.",
+            show_default=False,
+        ),
+    ] = None,
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to bind.")] = 8080,
+    reranker: Annotated[
+        ServeReranker,
+        typer.Option(
+            "--reranker",
+            help="embedding: the packaged all-MiniLM-L6-v2 (or --model), cosine of "
+            "embeddings; local: a cross-encoder; lexical: no model (a bag-of-words heuristic).",
+        ),
+    ] = ServeReranker.embedding,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="A model directory or hub id (offline: one on disk). Default: the packaged "
+            "MiniLM for embedding, cross-encoder/ms-marco-MiniLM-L-6-v2 for local.",
+            show_default=False,
+        ),
+    ] = None,
+    max_client_batch_size: Annotated[
+        int,
+        typer.Option(
+            "--max-client-batch-size", min=1, help="Texts one request may hold (TEI's 32)."
+        ),
+    ] = 32,
+    max_batch_tokens: Annotated[
+        int, typer.Option("--max-batch-tokens", min=1, help="Tokens in one model batch.")
+    ] = 16384,
+    max_batch_pairs: Annotated[
+        int,
+        typer.Option("--max-batch-pairs", min=1, help="(query, text) pairs in one model batch."),
+    ] = 256,
+    max_queue: Annotated[
+        int,
+        typer.Option(
+            "--max-queue", min=1, help="Requests that may wait; one more is refused with 429."
+        ),
+    ] = 512,
+    batch_wait_ms: Annotated[
+        float,
+        typer.Option(
+            "--batch-wait-ms",
+            min=0.0,
+            max=1000.0,
+            help="How long an idle model waits for more requests to share its batch.",
+        ),
+    ] = 2.0,
+    payload_limit: Annotated[
+        int,
+        typer.Option("--payload-limit", min=1, help="Largest request body, in bytes (TEI's)."),
+    ] = 2_000_000,
+    model_threads: Annotated[
+        int | None,
+        typer.Option(
+            "--model-threads",
+            min=1,
+            help="torch threads (default: one per core). On a machine busy with other work, 1 "
+            "can be many times faster.",
+            show_default=False,
+        ),
+    ] = None,
+    project: Annotated[
+        str | None,
+        typer.Option(
+            "--project",
+            envvar="RETRIEVAL_STAGE_PROJECT",
+            help="Phoenix project for the server's spans (default: the command's, "
+            "retrieval-stage, so one trace stays in one project).",
+            show_default=False,
+        ),
+    ] = None,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="Log level of the JSON lines on stderr.")
+    ] = "INFO",
+) -> None:
+    """Serve a reranker over HTTP: TEI's POST /rerank (and the sidecar's), /info, /health.
+
+    Requests from many clients share model batches; spans continue the caller's trace and go
+    to OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set. SIGTERM or Ctrl-C drains and stops.
+    """
+    try:
+        from ..server import ServerSettings
+        from ..server.run import NotLoopbackError
+        from ..server.run import serve as run
+    except ImportError as exc:
+        fail(
+            EXIT_USAGE,
+            f"serve needs the [server] extra ({exc.name} is missing): {SERVER_INSTALL_HINT}",
+        )
+    try:
+        settings = ServerSettings(
+            reranker=reranker.value,
+            model=model,
+            max_client_batch_size=max_client_batch_size,
+            max_batch_tokens=max_batch_tokens,
+            max_batch_pairs=max_batch_pairs,
+            max_queue=max_queue,
+            batch_wait_ms=batch_wait_ms,
+            payload_limit=payload_limit,
+            model_threads=model_threads,
+        )
+        from ..server.scorers import make_scorer
+
+        make_scorer(settings.reranker, settings.model)  # refuses a bad model before binding
+    except (ValueError, ImportError) as exc:
+        fail(EXIT_USAGE, str(exc))
+    try:
+        code = run(
+            settings,
+            host=host or "127.0.0.1",
+            port=port,
+            allow_remote=host is not None,
+            project=project,
+            log_level=log_level,
+        )
+    except NotLoopbackError as exc:
+        fail(EXIT_USAGE, str(exc))
+    if code:
+        raise typer.Exit(EXIT_FAILURE)

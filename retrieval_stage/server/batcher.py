@@ -1,0 +1,295 @@
+"""Dynamic batching: concurrent requests packed into model batches, each answered its own scores.
+
+Requests wait in one bounded queue (`max_queue` requests; one more is refused with TEI's 429).
+One task takes work from the front, in arrival order, while the batch stays within
+`max_batch_pairs` (query, text) pairs and `max_batch_tokens` tokens, waits `batch_wait` seconds
+for company when the model was idle, and runs the batch on the one model thread, so the event
+loop keeps serving. A request larger than one batch's budget is cut into slices when its model
+scores pairs independently (the cross-encoder, the embedding model); the lexical reranker's
+requests are never cut (one slice may then exceed the budget). A request's scores are put back
+together from its slices by position, so nothing depends on where in a batch a text ran.
+
+Each batch is reported to `on_batch` once it ran (the server turns that into one span per
+request in it, and metrics); it gets every request of the batch with its share and wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+from .scorers import Group, Scorer
+from .wire import ApiError, overloaded
+
+__all__ = ["Batch", "BatchShare", "Batcher", "Ticket", "plan_slices"]
+
+
+def plan_slices(
+    tokens: Sequence[int], query_tokens: int, *, max_pairs: int, max_tokens: int
+) -> list[tuple[int, int]]:
+    """Cut a request's texts into [start, end) slices that each fit one batch's budget.
+
+    A slice costs its texts' tokens plus, for a bi-encoder, the query's once (`query_tokens`;
+    0 for a cross-encoder, whose pair counts already hold it). Every slice has at least one
+    text, so a text alone over the budget still runs (alone).
+    """
+    slices: list[tuple[int, int]] = []
+    start, used = 0, query_tokens
+    for i, n in enumerate(tokens):
+        if i > start and (i - start >= max_pairs or used + n > max_tokens):
+            slices.append((start, i))
+            start, used = i, query_tokens
+        used += n
+    if tokens:
+        slices.append((start, len(tokens)))
+    return slices
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One request in the batcher: its group, token counts, where its scores go."""
+
+    group: Group
+    tokens: list[int]
+    query_tokens: int
+    context: Any
+    """What `on_batch` gets to say whose batch it was (the request's OpenTelemetry context)."""
+    enqueued: float = field(default_factory=time.monotonic)
+    scores: list[float] = field(default_factory=list)
+    pending: int = 0
+    future: asyncio.Future[list[float]] = field(init=False)
+    first_start: float | None = None
+    batches: int = 0
+
+    def __post_init__(self) -> None:
+        self.future = asyncio.get_running_loop().create_future()
+        self.scores = [0.0] * len(self.group.texts)
+
+    @property
+    def queue_wait(self) -> float:
+        """Seconds from arrival to the start of its first batch."""
+        return (self.first_start or time.monotonic()) - self.enqueued
+
+
+@dataclass(frozen=True, slots=True)
+class _Slice:
+    ticket: Ticket
+    start: int
+    end: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShare:
+    """One request's part of a batch: how many pairs and tokens, and how long it had waited."""
+
+    ticket: Ticket
+    pairs: int
+    tokens: int
+    queue_wait: float
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One model batch that ran: when, how big, whose, and how it ended."""
+
+    number: int
+    started: float
+    ended: float
+    started_ns: int
+    ended_ns: int
+    shares: list[BatchShare]
+    error: BaseException | None = None
+
+    @property
+    def pairs(self) -> int:
+        return sum(s.pairs for s in self.shares)
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.shares)
+
+
+class Batcher:
+    """The queue and the task that packs it into model batches (see the module docstring)."""
+
+    def __init__(
+        self,
+        scorer: Scorer,
+        executor: Executor,
+        *,
+        max_batch_pairs: int,
+        max_batch_tokens: int,
+        max_queue: int,
+        batch_wait: float,
+        on_batch: Callable[[Batch], None] | None = None,
+    ) -> None:
+        self.scorer = scorer
+        self.executor = executor
+        self.max_batch_pairs = max_batch_pairs
+        self.max_batch_tokens = max_batch_tokens
+        self.max_queue = max_queue
+        self.batch_wait = batch_wait
+        self.on_batch = on_batch
+        self._slices: collections.deque[_Slice] = collections.deque()
+        self._waiting: set[Ticket] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._batches = 0
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting for their first batch."""
+        return len(self._waiting)
+
+    def start(self) -> None:
+        """Start the batching task on the running loop."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="rerank-batcher")
+
+    async def stop(self) -> None:
+        """Stop taking work; requests still queued are refused as unhealthy."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for piece in self._slices:
+            if not piece.ticket.future.done():
+                piece.ticket.future.set_exception(ApiError("Unhealthy", "the server is stopping"))
+        self._slices.clear()
+        self._waiting.clear()
+
+    def submit(self, group: Group, tokens: list[int], query_tokens: int, context: Any) -> Ticket:
+        """Queue one request (TEI's 429 `ApiError` when the queue is full); await
+        ``ticket.future`` for its scores, in input order."""
+        if len(self._waiting) >= self.max_queue:
+            raise overloaded()
+        ticket = Ticket(group, tokens, query_tokens, context)
+        if self.scorer.splittable:
+            # A bi-encoder embeds the query once per slice: that counts against the budget.
+            per_slice = query_tokens if self.scorer.kind == "embedding" else 0
+            plan = plan_slices(
+                tokens,
+                per_slice,
+                max_pairs=self.max_batch_pairs,
+                max_tokens=self.max_batch_tokens,
+            )
+        else:
+            plan = [(0, len(tokens))]
+            per_slice = 0
+        ticket.pending = len(plan)
+        for start, end in plan:
+            self._slices.append(_Slice(ticket, start, end, per_slice + sum(tokens[start:end])))
+        self._waiting.add(ticket)
+        self._wake.set()
+        return ticket
+
+    def _take(self) -> list[_Slice]:
+        """Slices from the front, in order, while the batch stays within its budget."""
+        taken: list[_Slice] = []
+        pairs = tokens = 0
+        while self._slices:
+            piece = self._slices[0]
+            if piece.ticket.future.done():  # the caller went away: skip its work
+                self._slices.popleft()
+                self._waiting.discard(piece.ticket)
+                continue
+            n = piece.end - piece.start
+            if taken and (
+                pairs + n > self.max_batch_pairs or tokens + piece.tokens > self.max_batch_tokens
+            ):
+                break
+            taken.append(self._slices.popleft())
+            pairs += n
+            tokens += piece.tokens
+        return taken
+
+    def _full(self) -> bool:
+        pairs = sum(p.end - p.start for p in self._slices)
+        tokens = sum(p.tokens for p in self._slices)
+        return pairs >= self.max_batch_pairs or tokens >= self.max_batch_tokens
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._slices:
+                self._wake.clear()
+                await self._wake.wait()
+            # An idle model waits a moment for company; a busy one found its queue filled.
+            age = time.monotonic() - self._slices[0].ticket.enqueued
+            if self.batch_wait > 0 and age < self.batch_wait and not self._full():
+                await asyncio.sleep(self.batch_wait - age)
+            taken = self._take()
+            if not taken:
+                continue
+            await self._score(loop, taken)
+
+    async def _score(self, loop: asyncio.AbstractEventLoop, taken: list[_Slice]) -> None:
+        started, started_ns = time.monotonic(), time.time_ns()
+        for piece in taken:
+            ticket = piece.ticket
+            if ticket.first_start is None:
+                ticket.first_start = started
+                self._waiting.discard(ticket)
+        groups = [
+            Group(
+                p.ticket.group.query,
+                p.ticket.group.texts[p.start : p.end],
+                p.ticket.group.raw_scores,
+            )
+            for p in taken
+        ]
+        error: BaseException | None = None
+        results: list[list[float]] = []
+        try:
+            results = await loop.run_in_executor(self.executor, self.scorer.score, groups)
+            if len(results) != len(groups) or any(
+                len(r) != len(g.texts) for r, g in zip(results, groups, strict=False)
+            ):
+                raise RuntimeError("the model returned scores for the wrong number of texts")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # torch, tokenizer and our own errors: the batch failed
+            error = exc
+        ended, ended_ns = time.monotonic(), time.time_ns()
+        self._batches += 1
+        shares: dict[Ticket, BatchShare] = {}
+        for i, piece in enumerate(taken):
+            ticket = piece.ticket
+            ticket.batches += 1
+            previous = shares.get(ticket)
+            shares[ticket] = BatchShare(
+                ticket,
+                (previous.pairs if previous else 0) + piece.end - piece.start,
+                (previous.tokens if previous else 0) + piece.tokens,
+                started - ticket.enqueued,
+            )
+            if ticket.future.done():
+                continue
+            if error is not None:
+                ticket.future.set_exception(
+                    ApiError("Backend", f"Inference failed: {type(error).__name__}")
+                )
+                continue
+            ticket.scores[piece.start : piece.end] = results[i]
+            ticket.pending -= 1
+            if ticket.pending == 0:
+                ticket.future.set_result(ticket.scores)
+        if self.on_batch is not None:
+            self.on_batch(
+                Batch(
+                    self._batches,
+                    started,
+                    ended,
+                    started_ns,
+                    ended_ns,
+                    list(shares.values()),
+                    error,
+                )
+            )

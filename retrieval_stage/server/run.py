@@ -1,0 +1,174 @@
+"""Running the server as an application: logging, tracing, metrics, uvicorn, a clean stop.
+
+`serve` is what ``retrieval-stage serve`` calls. Unlike the library it configures structlog
+JSON logs (`configure_logging`: every line inside a request carries its ``trace_id``) and, when
+``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` is set, an OTLP tracer and meter provider
+(`configure_tracing`, `configure_metrics`, every standard ``OTEL_*`` variable honoured). It
+binds only to loopback unless told otherwise. SIGTERM or Ctrl-C stops accepting connections,
+lets the requests in flight finish (up to `drain_timeout` seconds), then flushes telemetry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from .._log import get_logger
+from .settings import ServerSettings, is_loopback
+
+__all__ = ["DEFAULT_PROJECT", "SERVICE_NAME", "NotLoopbackError", "serve"]
+
+SERVICE_NAME = "retrieval-stage-server"
+"""The server's OpenTelemetry service name (``OTEL_SERVICE_NAME`` wins)."""
+
+DEFAULT_PROJECT = "retrieval-stage"
+"""The Phoenix project the server's spans land in: the command line's, so that a demo's trace
+and the server's part of it are one trace in one project (``RETRIEVAL_STAGE_PROJECT`` wins)."""
+
+_log = get_logger("retrieval_stage.server")
+
+
+class NotLoopbackError(ValueError):
+    """The address would open the server beyond this machine, and that was not asked for."""
+
+
+class _ToStructlog(logging.Handler):
+    """uvicorn's own log records (start-up, errors, shutdown) as our JSON lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            import structlog
+
+            structlog.get_logger(record.name).log(
+                record.levelno, record.getMessage(), server_logger=record.name
+            )
+        except Exception:  # a log line must never break the server
+            self.handleError(record)
+
+
+def _route_uvicorn_logs(level: int) -> None:
+    for name in ("uvicorn", "uvicorn.error"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [_ToStructlog()]
+        logger.setLevel(level)
+        logger.propagate = False
+    logging.getLogger("uvicorn.access").disabled = True  # server.request replaces it
+
+
+@dataclass
+class _Outcome:
+    load_error: BaseException | None = None
+
+
+def _telemetry(project: str | None) -> tuple[Any, Any, str | None]:
+    """Tracer and meter providers exporting over OTLP when an endpoint is set, else ones that
+    record nothing; and where the spans go (None: nowhere)."""
+    from ..telemetry import configure_metrics, configure_tracing
+    from ..telemetry.otlp import otlp_endpoint_configured, otlp_target
+
+    service = os.environ.get("OTEL_SERVICE_NAME") or SERVICE_NAME
+    chosen = project or os.environ.get("RETRIEVAL_STAGE_PROJECT") or DEFAULT_PROJECT
+    tracer_provider: Any = None
+    meter_provider: Any = None
+    where = None
+    if otlp_endpoint_configured("traces"):
+        tracer_provider = configure_tracing(service, project=chosen)
+        where = otlp_target("traces").shown
+    if otlp_endpoint_configured("metrics"):
+        meter_provider = configure_metrics(service)
+    if tracer_provider is None:
+        # Spans are still made (not exported): they continue the caller's trace, so every log
+        # line of a request carries the caller's trace id.
+        from opentelemetry.sdk.trace import TracerProvider
+
+        tracer_provider = TracerProvider()
+    if meter_provider is None:
+        from opentelemetry.metrics import NoOpMeterProvider
+
+        meter_provider = NoOpMeterProvider()
+    return tracer_provider, meter_provider, where
+
+
+def serve(
+    settings: ServerSettings,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    allow_remote: bool = False,
+    project: str | None = None,
+    log_level: str = "INFO",
+    drain_timeout: int = 30,
+) -> int:
+    """Run the server until SIGTERM or Ctrl-C; the process's exit code (0, or 1 when the model
+    could not be loaded).
+
+    `host` must be a loopback address unless `allow_remote` (the command line sets it when
+    ``--host`` names another address itself): `NotLoopbackError` otherwise, before anything
+    is bound.
+    """
+    if not is_loopback(host) and not allow_remote:
+        raise NotLoopbackError(
+            f"{host} is not a loopback address: pass --host {host} yourself to serve beyond "
+            "this machine (the server has no authentication)"
+        )
+    import uvicorn
+
+    from ..telemetry import configure_logging, shutdown_telemetry
+    from .app import create_app
+
+    # The model loaders' progress bars would write raw lines between the JSON ones.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    configure_logging(log_level)
+    _route_uvicorn_logs(logging.getLevelName(log_level.upper()))
+    tracer_provider, meter_provider, where = _telemetry(project)
+    outcome = _Outcome()
+    server: uvicorn.Server | None = None
+
+    def failed(exc: BaseException) -> None:
+        outcome.load_error = exc
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(
+        settings,
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        on_load_failure=failed,
+    )
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, drain_timeout),
+        server_header=False,
+    )
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal that stopped it once it has drained; with Python's default
+    # handler that would kill the process before telemetry is flushed. A handler that only
+    # notes the signal keeps it alive for that last step.
+    stopped_by: list[int] = []
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda received, _frame: stopped_by.append(received))
+    _log.info(
+        "server.starting",
+        host=host,
+        port=port,
+        reranker=settings.reranker,
+        model=settings.model,
+        traces_to=where,
+        loopback_only=is_loopback(host),
+    )
+    try:
+        server.run()
+    finally:
+        shutdown_telemetry(tracer_provider, meter_provider)
+        _log.info(
+            "server.exited", signal=signal.Signals(stopped_by[0]).name if stopped_by else None
+        )
+    return 1 if outcome.load_error is not None or not server.started else 0

@@ -1,0 +1,79 @@
+"""The server's settings, checked once where they enter (`ServerSettings`)."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass
+
+__all__ = ["RERANKERS", "ServerSettings", "is_loopback"]
+
+RERANKERS = ("embedding", "local", "lexical")
+"""``--reranker`` values: the packaged embedding model (default), a cross-encoder, lexical."""
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and any loopback address (127.0.0.0/8, ::1)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: only "localhost" is known to stay on this machine
+        return False
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """What the server serves and how it batches. Defaults follow TEI where TEI has the knob.
+
+    `max_client_batch_size`: texts one request may hold (TEI's default 32; more are refused
+    with TEI's wording, so clients learn the cap). `max_batch_tokens` (TEI's 16384) and
+    `max_batch_pairs` bound one model batch. `max_queue` requests may wait (TEI's
+    ``--max-concurrent-requests``, 512); one more gets 429. `batch_wait_ms` is how long an
+    idle model waits for more requests to share a batch. `payload_limit` bounds a request
+    body in bytes (TEI's 2,000,000). `model_batch_size` is the model's own forward-pass size.
+    `embedding_cache` keeps that many document embeddings (0: none). `model_threads` sets
+    torch's threads for this process (None: torch's default, one per core); on a machine
+    whose cores are busy with other work, 1 is much faster than several fighting for them.
+    """
+
+    reranker: str = "embedding"
+    model: str | None = None
+    max_client_batch_size: int = 32
+    max_batch_tokens: int = 16384
+    max_batch_pairs: int = 256
+    max_queue: int = 512
+    batch_wait_ms: float = 2.0
+    payload_limit: int = 2_000_000
+    model_batch_size: int = 32
+    embedding_cache: int = 0
+    model_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.reranker not in RERANKERS:
+            raise ValueError(
+                f"reranker must be one of {', '.join(RERANKERS)}, got {self.reranker!r}"
+            )
+        for name in (
+            "max_client_batch_size",
+            "max_batch_tokens",
+            "max_batch_pairs",
+            "max_queue",
+            "payload_limit",
+            "model_batch_size",
+        ):
+            _positive(name, getattr(self, name))
+        if self.model_threads is not None:
+            _positive("model_threads", self.model_threads)
+        if isinstance(self.embedding_cache, bool) or self.embedding_cache < 0:
+            raise ValueError(f"embedding_cache must be >= 0, got {self.embedding_cache!r}")
+        wait = self.batch_wait_ms
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait):
+            raise ValueError(f"batch_wait_ms must be a finite number, got {wait!r}")
+        if not 0 <= wait <= 1000:
+            raise ValueError(f"batch_wait_ms must be between 0 and 1000, got {wait!r}")

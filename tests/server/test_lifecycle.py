@@ -1,0 +1,140 @@
+"""Start, readiness, refusal of a non-loopback address, and a graceful stop on SIGTERM."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+
+from retrieval_stage.server import ServerSettings, serve
+from retrieval_stage.server.run import NotLoopbackError
+from retrieval_stage.server.settings import is_loopback
+
+from .served import ROOT, SCRIPT, server_env, start_server, wait_healthy
+
+
+def test_health_is_503_until_the_model_is_loaded_and_sigterm_stops_a_loading_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    pytest.importorskip("sentence_transformers", reason="needs the [local] extra")
+    tmp = tmp_path_factory.mktemp("loading")
+    with start_server(tmp, "--model-threads", "1", wait=False) as served:
+        deadline = time.monotonic() + 60
+        while True:  # until uvicorn listens (the model loads after that, for seconds)
+            try:
+                first = httpx.get(served.url + "/health", timeout=2.0)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, served.log_text()
+                time.sleep(0.05)
+        rerank = httpx.post(served.url + "/rerank", json={"query": "q", "texts": ["t"]})
+        assert first.status_code == 503
+        assert first.json() == {"error": "unhealthy", "error_type": "Unhealthy"}
+        assert rerank.status_code == 503
+        assert served.stop() == 0, served.log_text()[-2000:]
+    assert "server.ready" not in served.log_text()
+
+
+def test_sigterm_drains_the_requests_in_flight_then_exits(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Eight requests wait in the queue (an idle model waits 1 s for company, and /info says
+    how many wait) when SIGTERM arrives: every one is answered in full, new connections are
+    refused, the exit code is 0."""
+    tmp = tmp_path_factory.mktemp("drain")
+    with start_server(tmp, "--reranker", "lexical", "--batch-wait-ms", "1000") as served:
+        replies: list[httpx.Response | BaseException] = []
+
+        def call(n: int) -> None:
+            texts = [f"remove tree {n}", "banana", f"directory {n} tree remove"]
+            try:
+                replies.append(
+                    httpx.post(
+                        served.url + "/rerank",
+                        json={"query": "remove tree", "texts": texts},
+                        timeout=30.0,
+                    )
+                )
+            except BaseException as exc:  # reported by the assertion below
+                replies.append(exc)
+
+        threads = [threading.Thread(target=call, args=(n,)) for n in range(8)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 20
+        while httpx.get(served.url + "/info", timeout=5.0).json()["queue_depth"] < 8:
+            assert time.monotonic() < deadline, "the eight requests never all queued"
+            time.sleep(0.01)
+        served.proc.terminate()  # SIGTERM, with eight requests waiting for their batch
+        time.sleep(0.3)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(served.url + "/info", timeout=2.0)
+        for thread in threads:
+            thread.join(timeout=30)
+        assert served.proc.wait(timeout=30) == 0
+    assert len(replies) == 8
+    for reply in replies:
+        assert isinstance(reply, httpx.Response), reply
+        assert reply.status_code == 200
+        assert sorted(r["index"] for r in reply.json()) == [0, 1, 2]
+    events = [line["event"] for line in served.log_lines()]
+    assert events.count("server.request") == 8
+    assert events.index("server.stopped") > max(
+        i for i, e in enumerate(events) if e == "server.request"
+    )
+    assert events[-1] == "server.exited"
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("localhost", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.0.2.7", False),
+        ("example.org", False),
+    ],
+)
+def test_loopback_addresses_are_told_apart(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_a_non_loopback_address_is_refused_before_anything_binds() -> None:
+    with pytest.raises(NotLoopbackError, match=r"pass --host 0\.0\.0\.0 yourself"):
+        serve(ServerSettings(reranker="lexical"), host="0.0.0.0", port=1)
+
+
+def _command(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SCRIPT), "serve", *args],
+        capture_output=True,
+        text=True,
+        env=server_env(COLUMNS="200"),
+        cwd=ROOT,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_bad_usage_exits_2_saying_why() -> None:
+    done = _command("--reranker", "lexical", "--model", "some/model")
+    assert done.returncode == 2, done.stderr
+    assert "--model does not apply to the lexical reranker" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_port_in_use_fails_the_command(tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp = tmp_path_factory.mktemp("port")
+    with start_server(tmp, "--reranker", "lexical") as served:
+        wait_healthy(served)
+        port = served.url.rsplit(":", 1)[1]
+        done = _command("--reranker", "lexical", "--port", port)
+    assert done.returncode != 0
+    assert "address already in use" in done.stderr.lower()
