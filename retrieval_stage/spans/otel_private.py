@@ -1,15 +1,17 @@
 """The only place the library reads OpenTelemetry state that has no public API.
 
-Two facts have no public accessor in opentelemetry-api/-sdk 1.45:
+Three facts have no public accessor in opentelemetry-api/-sdk 1.45:
 
 - whether instrumentation is suppressed: the API's context key ``_SUPPRESS_INSTRUMENTATION_KEY``
   is what OpenTelemetry's own instrumentations, its span processors and OpenInference's
   `suppress_tracing` set and read (the public `suppress_instrumentation` lives in the
   separate ``opentelemetry-instrumentation`` package, which this library does not need);
 - an SDK span's attribute-count limit: the SDK keeps its `SpanLimits` on ``span._limits`` and
-  exposes the attributes only as a read-only mapping without the bound.
+  exposes the attributes only as a read-only mapping without the bound;
+- whether metrics go anywhere: until an application sets a global MeterProvider, the API's
+  global is a private ``_ProxyMeterProvider`` whose instruments drop every point.
 
-`tests/spans/test_otel_private.py` pins both against the installed SDK, so a release that moves
+`tests/spans/test_otel_private.py` pins them against the installed SDK, so a release that moves
 either fails that test loudly instead of silently changing what the spans keep.
 """
 
@@ -17,11 +19,19 @@ from __future__ import annotations
 
 import os
 
+from opentelemetry import metrics
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
+from opentelemetry.metrics import NoOpMeterProvider
+from opentelemetry.metrics._internal import _ProxyMeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
 from opentelemetry.trace import Span
 
-__all__ = ["SDK_DEFAULT_ATTRIBUTE_LIMIT", "attribute_limit", "tracing_suppressed"]
+__all__ = [
+    "SDK_DEFAULT_ATTRIBUTE_LIMIT",
+    "attribute_limit",
+    "metrics_configured",
+    "tracing_suppressed",
+]
 
 SDK_DEFAULT_ATTRIBUTE_LIMIT = 128
 """The SDK's span attribute-count limit when neither code nor environment sets one."""
@@ -47,3 +57,11 @@ def attribute_limit(span: Span) -> int | None:
             return value if isinstance(value, int) else None
     raw = os.environ.get("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "")
     return int(raw) if raw.isdigit() else SDK_DEFAULT_ATTRIBUTE_LIMIT
+
+
+def metrics_configured(meter_provider: metrics.MeterProvider | None) -> bool:
+    """True when points recorded through `meter_provider` (None: the global one, as it is now)
+    can reach a reader: not the API's no-op provider, nor its placeholder for a global
+    provider nobody has set yet."""
+    provider = metrics.get_meter_provider() if meter_provider is None else meter_provider
+    return not isinstance(provider, (NoOpMeterProvider, _ProxyMeterProvider))
