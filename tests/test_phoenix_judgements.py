@@ -38,18 +38,22 @@ def test_phoenix_url_given_wins() -> None:
 
 
 def test_bare_phoenix_takes_the_otlp_endpoints_host() -> None:
-    assert phoenix_url("", "http://127.0.0.1:6006") == "http://127.0.0.1:6006"
-    assert phoenix_url("", "https://px.example:443/v1/traces") == "https://px.example:443"
+    assert phoenix_url("otlp", "http://127.0.0.1:6006") == "http://127.0.0.1:6006"
+    assert phoenix_url("otlp", "https://px.example:443/v1/traces") == "https://px.example:443"
     # Credentials in the endpoint are not carried into the API URL.
-    assert phoenix_url("", "http://user:secret@px:6006") == "http://px:6006"
+    assert phoenix_url("otlp", "http://user:secret@px:6006") == "http://px:6006"
+
+
+def test_a_phoenix_behind_a_path_keeps_it() -> None:
+    assert phoenix_url("https://host/phoenix/", None) == "https://host/phoenix"
 
 
 @pytest.mark.parametrize(
     ("given", "endpoint", "message"),
     [
-        ("", None, "OTEL_EXPORTER_OTLP_ENDPOINT"),
+        ("otlp", None, "OTEL_EXPORTER_OTLP_ENDPOINT"),
         ("localhost:6006", None, "http"),
-        ("", "grpc://collector:4317", "http"),
+        ("otlp", "grpc://collector:4317", "http"),
     ],
 )
 def test_phoenix_url_refuses_what_is_not_an_http_url(

@@ -37,6 +37,7 @@ from ..models import Candidate
 
 __all__ = [
     "ANNOTATION_NAME",
+    "FROM_OTLP",
     "DocumentSpans",
     "FixedRecall",
     "PhoenixUnavailableError",
@@ -68,16 +69,22 @@ class PhoenixUnavailableError(RuntimeError):
     """Phoenix cannot be reached or refused the judgements; the message says which."""
 
 
-def phoenix_url(given: str | None, traces_endpoint: str | None) -> str:
-    """Phoenix's base URL: `given`, or with an empty `given` the scheme and host of the OTLP
-    traces endpoint (Phoenix takes OTLP/HTTP on the same port as its API and UI).
+FROM_OTLP = "otlp"
+"""``--phoenix otlp``: Phoenix is where the OTLP traces go. (The command-line parser typer
+vendors has no options with an optional value, so a bare ``--phoenix`` cannot mean this.)"""
+
+
+def phoenix_url(given: str, traces_endpoint: str | None) -> str:
+    """Phoenix's base URL: `given`, or for ``otlp`` the scheme and host of the OTLP traces
+    endpoint (Phoenix takes OTLP/HTTP on the same port as its API and UI).
 
     ValueError (a usage error) when neither gives an http(s) URL.
     """
-    source = given or traces_endpoint
+    from_otlp = given == FROM_OTLP
+    source = traces_endpoint if from_otlp else given
     if not source:
         raise ValueError(
-            "--phoenix without a URL takes Phoenix's address from OTEL_EXPORTER_OTLP_ENDPOINT, "
+            "--phoenix otlp takes Phoenix's address from OTEL_EXPORTER_OTLP_ENDPOINT, "
             "which is not set: give --phoenix http://HOST:6006"
         )
     parts = urlsplit(source)
@@ -85,9 +92,8 @@ def phoenix_url(given: str | None, traces_endpoint: str | None) -> str:
         raise ValueError(
             f"--phoenix needs an http(s) URL such as http://localhost:6006, got {source!r}"
         )
-    if given:
-        return source.rstrip("/")
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    path = "" if from_otlp else parts.path.rstrip("/")  # the endpoint's path is OTLP's
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{path}"
 
 
 @dataclass(frozen=True, slots=True)
