@@ -77,14 +77,14 @@ def _rerankers() -> dict[str, Any]:
 
 
 def _inputs() -> tuple[dict[str, str], Any, dict[str, list[Any]]]:
-    from retrieval_stage.corpus import (
+    from retrieval_stage.evaluation import read_candidates, read_qrels, read_queries
+    from retrieval_stage.evaluation.corpus import (
         EXAMPLE_CANDIDATES,
         EXAMPLE_QRELS,
         EXAMPLE_QUERIES,
         data_path,
         load_corpus,
     )
-    from retrieval_stage.evaluation import read_candidates, read_qrels, read_queries
     from retrieval_stage.models import recall_order
 
     corpus = {d.id: d for d in load_corpus()}

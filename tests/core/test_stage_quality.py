@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from retrieval_stage import Candidate, RerankError, RerankResponse, RerankStage
 from retrieval_stage import stage as stage_module
 
-from .fakes import Failing, FixedScores, Reverse
+from ..fakes import Failing, FixedScores, Reverse
 
 T = TypeVar("T")
 

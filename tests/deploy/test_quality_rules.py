@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "telemetry" / "rerank-quality.rules.yml"
 RULE_TESTS = ROOT / "telemetry" / "rerank-quality.rules.test.yml"
 GRAFANA_ALERTS = ROOT / "grafana" / "provisioning" / "alerting" / "rerank-quality.yaml"

@@ -1,7 +1,7 @@
 """``retrieval-stage eval --phoenix`` against a real Arize Phoenix (issue 28).
 
 The CLI runs the bundled eval (24 judged queries, BM25's top 50) with the lexical reranker,
-traced into a Phoenix started on loopback for this module (tests/test_phoenix.py's fixture).
+traced into a Phoenix started on loopback for this module (tests/servers/test_phoenix.py's fixture).
 Phoenix's GraphQL API then gives, for every RERANKER and RETRIEVER span, the NDCG@10,
 precision@5 and hit Phoenix computed from the judgements the CLI logged, and they are held to
 our own eval's numbers for the same queries.
@@ -149,8 +149,8 @@ def test_phoenix_ndcg_is_our_eval_ndcg(evaluated: dict[str, Any], kind: str, sid
 
 
 def _qrels_for(query_id: str) -> dict[str, int]:
-    from retrieval_stage.corpus import EXAMPLE_QRELS, data_path
     from retrieval_stage.evaluation import read_qrels
+    from retrieval_stage.evaluation.corpus import EXAMPLE_QRELS, data_path
 
     return read_qrels(data_path(EXAMPLE_QRELS)).get(query_id, {})
 

@@ -1,8 +1,8 @@
 """`eval --phoenix`'s pure parts: where Phoenix is, which document each grade goes to, retries.
 
 The real Phoenix round trip (annotations stored, NDCG read back and compared with the eval's
-own) is in tests/test_phoenix_evals.py; here a finished span comes from a real SDK tracer and
-the only stand-in is the Phoenix client in the retry tests.
+own) is in tests/servers/test_phoenix_evals.py; here a finished span comes from a real SDK
+tracer and the only stand-in is the Phoenix client in the retry tests.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from retrieval_stage.cli.phoenix import (
 )
 from retrieval_stage.pipeline import Pipeline
 
-from .fakes import ByLength
+from ..fakes import ByLength
 
 # -- where Phoenix is ---------------------------------------------------------------------
 
