@@ -6,12 +6,14 @@ reranker that has stopped reordering (a model swapped for a bi-encoder, a trunca
 server returning its input order), one that reaches deeper than it used to, or one whose scores
 have collapsed (every pair 0.5).
 
-- `kendall_tau`: Kendall's tau-b between the recall scores and the rerank scores of the
-  candidates the reranker scored. 1 means the reranker kept recall's order; 0 unrelated; -1
-  reversed. A candidate without a recall score ranks below every scored one (tied with the
-  other unscored ones), as in `recall_order`. None when fewer than two candidates were scored
-  or either side has a single value (all recall scores absent or equal, all rerank scores
-  equal): tau-b is undefined there, and a made-up number would pass for a measurement.
+- `kendall_tau`: Kendall's tau-b between recall order (`recall_order`: by recall score, ties
+  and unscored candidates in input order, the order the stage falls back to) and the rerank
+  scores of the candidates the reranker returned scores for. 1 means the reranker kept
+  recall's order; 0 unrelated; -1 reversed. Ties are only in the rerank scores, so a reranker
+  that returns recall's order with distinct scores reads exactly 1 even where recall scores
+  tie. None when recall scores are all absent or all equal (recall expressed no order), when
+  fewer than two candidates were scored, or when every rerank score is equal (tau-b is
+  undefined: a made-up number would pass for a measurement).
 - `topk_overlap`: |rerank top-k ∩ recall top-k| / k.
 - `max_promotion`: the deepest 1-based recall rank among the rerank top-k (k when nothing came
   up from below the recall top-k).
@@ -52,10 +54,6 @@ ATTR_TOPK_OVERLAP = "retrieval_stage.quality.topk_overlap"
 ATTR_MAX_PROMOTION = "retrieval_stage.quality.max_promotion"
 ATTR_TOP_SCORE = "retrieval_stage.quality.top_score"
 ATTR_SCORE_MARGIN = "retrieval_stage.quality.score_margin"
-
-_UNSCORED = -math.inf
-"""The recall key of a candidate without a recall score: below every real score."""
-
 
 @dataclass(frozen=True, slots=True)
 class RerankQuality:
@@ -205,11 +203,14 @@ def rerank_quality(
     n_scored = len(scored)
     k = n_scored if top_k is None else min(top_k, n_scored)
     positions, scores = zip(*scored, strict=True)
-    keys = list(map(_score, map(candidates.__getitem__, positions)))
-    if None in keys:
-        keys = [_UNSCORED if key is None else key for key in keys]
+    tau = None
+    if len(set(map(_score, candidates))) > 1:  # recall ranked something above something else
+        # Recall's order as a number per candidate, higher first: ties in recall score are
+        # already broken by input position, as the stage's fallback breaks them.
+        place = dict(zip(recall, range(len(recall), 0, -1), strict=True))
+        tau = kendall_tau_b(list(map(place.__getitem__, positions)), scores)
     return RerankQuality(
-        kendall_tau=kendall_tau_b(keys, scores),
+        kendall_tau=tau,
         topk_overlap=topk_overlap(recall, positions, k),
         max_promotion=max_promotion(recall, positions, k),
         top_score=scores[0],

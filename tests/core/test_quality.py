@@ -248,3 +248,15 @@ def test_attributes_name_every_signal() -> None:
         ATTR_SCORE_MARGIN: 0.0,
     }
     assert all(key.startswith("retrieval_stage.quality.") for key in quality.attributes())
+
+
+def test_recall_order_breaks_recall_ties_so_an_echo_still_reads_tau_one() -> None:
+    # BM25 often ties: d1 and d2 share a score. Recall order (the stage's) is 0, 1, 2, 3.
+    given_ = cands(0.9, 0.5, 0.5, 0.1)
+    echoed = [(0, 4.0), (1, 3.0), (2, 2.0), (3, 1.0)]
+    swapped_tie = [(0, 4.0), (2, 3.0), (1, 2.0), (3, 1.0)]
+
+    assert rerank_quality(given_, echoed).kendall_tau == 1.0
+    # Swapping the tied pair is a change of the order the stage would have returned: 1 of 6
+    # pairs reversed, (5 - 1) / 6.
+    assert rerank_quality(given_, swapped_tie).kendall_tau == pytest.approx(4 / 6)
