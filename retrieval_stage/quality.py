@@ -19,8 +19,8 @@ have collapsed (every pair 0.5).
   up from below the recall top-k).
 - `top_score`, `score_margin`: the best rerank score, and the best minus the second best.
 
-Everything here is pure and cheap (about 10 µs for 50 candidates in CPython; see
-``benchmarks/quality.py``), so the stage can afford it on every traced call.
+Everything here is pure and cheap (tens of µs for 50 candidates in CPython, about what the
+stage's own result check costs; ``benchmarks/quality.py``), so it can run on every traced call.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ ATTR_TOPK_OVERLAP = "retrieval_stage.quality.topk_overlap"
 ATTR_MAX_PROMOTION = "retrieval_stage.quality.max_promotion"
 ATTR_TOP_SCORE = "retrieval_stage.quality.top_score"
 ATTR_SCORE_MARGIN = "retrieval_stage.quality.score_margin"
+
 
 @dataclass(frozen=True, slots=True)
 class RerankQuality:
