@@ -13,11 +13,15 @@ The collector's Prometheus exporter turns them into ``retrieval_stage_rerank_dur
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
 
 from .spans.keys import ATTR_PROVIDER
+from .spans.otel_private import metrics_configured
+
+if TYPE_CHECKING:
+    from .quality import RerankQuality
 
 __all__ = ["RerankMetrics"]
 
@@ -30,6 +34,11 @@ REQUESTS = "retrieval_stage.rerank.requests"
 RETRIES = "retrieval_stage.rerank.retries"
 FALLBACKS = "retrieval_stage.rerank.fallbacks"
 TOP1_CHANGES = "retrieval_stage.rerank.top1_changes"
+KENDALL_TAU = "retrieval_stage.rerank.kendall_tau"
+TOPK_OVERLAP = "retrieval_stage.rerank.topk_overlap"
+MAX_PROMOTION = "retrieval_stage.rerank.max_promotion"
+TOP_SCORE = "retrieval_stage.rerank.top_score"
+SCORE_MARGIN = "retrieval_stage.rerank.score_margin"
 
 ATTR_MODEL = "retrieval_stage.model"
 ATTR_OUTCOME = "retrieval_stage.outcome"
@@ -44,6 +53,30 @@ DURATION_BUCKETS_S: Sequence[float] = (
 DOCUMENT_BUCKETS: Sequence[float] = (1, 5, 10, 20, 50, 100, 200, 500, 1000)
 # Provider sub-batches per call (TEI splits at 32 by default, others at 100-1000).
 BATCH_BUCKETS: Sequence[float] = (1, 2, 3, 4, 5, 8, 16, 32)
+# The quality signals (retrieval_stage/quality.py). OpenTelemetry histograms take no negative
+# values (the SDK drops them with a warning), so the tau histogram records (1 + tau) / 2, the
+# share of candidate pairs left in recall's order when nothing ties: 1 unchanged, 0.5
+# unrelated, 0 reversed; a negative top score (raw cross-encoder logits) is counted as 0, in
+# the lowest bucket. The span attributes keep the exact values. The last boundary below 1
+# (0.99995, tau 0.9999) puts tau = 1 and overlap = 1 (nothing changed) alone in the top
+# bucket, and the margin's first boundary (0.0001) puts tied top scores alone in the lowest:
+# the alert rules (telemetry/rerank-quality.rules.yml) count those buckets. A single swap among
+# more than ~140 candidates moves tau by less than 0.0001, so it reads as unchanged there.
+TAU_BUCKETS: Sequence[float] = (  # as (1 + tau) / 2: tau -0.5, 0, 0.2, ... 0.99, 0.9999
+    0.25, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.975, 0.995, 0.99995,
+)  # fmt: skip
+TOPK_OVERLAP_BUCKETS: Sequence[float] = (
+    0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.9999,
+)  # fmt: skip
+PROMOTION_BUCKETS: Sequence[float] = (1, 2, 3, 5, 10, 15, 20, 30, 50, 100, 200, 500, 1000)
+# Scores are model-specific: most providers' relevance scores are sigmoids in [0, 1], cosine
+# scores lie in [-1, 1], raw cross-encoder logits in about [-12, 12].
+TOP_SCORE_BUCKETS: Sequence[float] = (
+    0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0, 2.0, 5.0, 10.0,
+)  # fmt: skip
+MARGIN_BUCKETS: Sequence[float] = (
+    0.0001, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+)  # fmt: skip
 
 
 class RerankMetrics:
@@ -55,6 +88,7 @@ class RerankMetrics:
     """
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
+        self._meter_provider = meter_provider
         provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
         meter = provider.get_meter(METER_NAME)
         self._duration = meter.create_histogram(
@@ -91,6 +125,41 @@ class RerankMetrics:
             unit="{change}",
             description="Reranked calls whose first result differs from recall's first.",
         )
+        self._kendall_tau = meter.create_histogram(
+            KENDALL_TAU,
+            description="(1 + Kendall's tau-b) / 2 between recall's order and the reranker's, "
+            "per call: 1 when the reranker kept recall's order, 0.5 unrelated, 0 reversed "
+            "(histograms take no negative values).",
+            explicit_bucket_boundaries_advisory=TAU_BUCKETS,
+        )
+        self._topk_overlap = meter.create_histogram(
+            TOPK_OVERLAP,
+            description="Share of the reranker's top k that was in recall's top k, per call.",
+            explicit_bucket_boundaries_advisory=TOPK_OVERLAP_BUCKETS,
+        )
+        self._max_promotion = meter.create_histogram(
+            MAX_PROMOTION,
+            unit="{rank}",
+            description="Deepest 1-based recall rank that reached the reranker's top k.",
+            explicit_bucket_boundaries_advisory=PROMOTION_BUCKETS,
+        )
+        self._top_score = meter.create_histogram(
+            TOP_SCORE,
+            description="The reranker's best score per call (model-specific scale; a negative "
+            "one counts as 0).",
+            explicit_bucket_boundaries_advisory=TOP_SCORE_BUCKETS,
+        )
+        self._score_margin = meter.create_histogram(
+            SCORE_MARGIN,
+            description="The reranker's best score minus its second best, per call.",
+            explicit_bucket_boundaries_advisory=MARGIN_BUCKETS,
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """True when recorded points can reach a reader (a real MeterProvider is configured,
+        given or global); the stage computes the quality signals only then, or for a span."""
+        return metrics_configured(self._meter_provider)
 
     def record(
         self,
@@ -127,6 +196,33 @@ class RerankMetrics:
         self._fallbacks.add(1 if fallback else 0, attributes)
         if top1_changed is not None:
             self._top1_changes.add(1 if top1_changed else 0, attributes)
+
+    def record_quality(
+        self, quality: RerankQuality, *, model: str | None, provider: str | None
+    ) -> None:
+        """Record one reranked call's quality signals; an undefined one (None) is left out.
+
+        Histograms take no negative values, so tau is recorded as (1 + tau) / 2 and a negative
+        top score as 0 (see `TAU_BUCKETS`).
+
+        ``model`` is the configured model (the stage's `model_name`, else the reranker's), so
+        the series stay few whatever a server reports; it and the provider label each point.
+        """
+        attributes: dict[str, str] = {}
+        if model is not None:
+            attributes[ATTR_MODEL] = model
+        if provider is not None:
+            attributes[ATTR_PROVIDER] = provider
+        tau, top = quality.kendall_tau, quality.top_score
+        for histogram, value in (
+            (self._kendall_tau, None if tau is None else (1.0 + tau) / 2.0),
+            (self._topk_overlap, quality.topk_overlap),
+            (self._max_promotion, quality.max_promotion),
+            (self._top_score, None if top is None else max(top, 0.0)),
+            (self._score_margin, quality.score_margin),
+        ):
+            if value is not None:
+                histogram.record(value, attributes)
 
 
 def __getattr__(name: str) -> Any:

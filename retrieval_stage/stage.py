@@ -25,6 +25,7 @@ from ._log import get_logger
 from .errors import RerankError, RerankProtocolError
 from .metrics import RerankMetrics
 from .models import Candidate, Reranked, RerankResponse, recall_order
+from .quality import RerankQuality, rerank_quality
 from .spans.content import DEFAULT_MAX_CONTENT_BYTES
 from .spans.reranker import RerankerSpan, RerankerSpans, output_content_from_env
 
@@ -273,13 +274,18 @@ class RerankStage:
             exc.requests, exc.retries = response.requests, response.retries
             exc.batches = response.batches
             return self._failed(span, cands, exc, started, top_k)
+        scored = mapped  # everything the reranker scored: what the quality signals compare
         if top_k is not None:
             mapped = mapped[:top_k]
         if self.min_score is not None:
             mapped = [(i, s) for i, s in mapped if s >= self.min_score]
         outputs = [Reranked(cands[i], s, i) for i, s in mapped]
-        top1_changed = bool(outputs) and outputs[0].input_index != recall_order(cands)[0]
+        recall = recall_order(cands)
+        top1_changed = bool(outputs) and outputs[0].input_index != recall[0]
         model = self.model_name or response.model or _attr(self.reranker, "model_name")
+        recording = span.is_recording
+        metered = self._metrics.enabled
+        quality = self._quality(cands, scored, recall, top_k) if recording or metered else None
         span.succeeded(
             outputs,
             model=model,
@@ -288,9 +294,31 @@ class RerankStage:
             retries=response.retries,
             batches=response.batches,
             usage=response.usage,
+            extra=None if quality is None else quality.attributes(),
         )
         self._record(started, cands, response, "ok", top1_changed, model)
+        if metered and quality is not None:
+            self._metrics.record_quality(
+                quality,
+                model=self.model_name or _attr(self.reranker, "model_name"),
+                provider=_attr(self.reranker, "provider"),
+            )
         return StageOutcome(outputs, None)
+
+    def _quality(
+        self,
+        cands: list[Candidate],
+        scored: list[tuple[int, float]],
+        recall: list[int],
+        top_k: int | None,
+    ) -> RerankQuality | None:
+        """The call's label-free quality signals (`retrieval_stage.quality`), or None if
+        computing them failed: telemetry must not turn a good rerank into an error."""
+        try:
+            return rerank_quality(cands, scored, top_k, recall=recall)
+        except Exception as exc:  # pragma: no cover - defensive; the inputs are checked
+            log.warning("rerank.quality_failed", caused_by=type(exc).__name__)
+            return None
 
     def _failed(
         self,

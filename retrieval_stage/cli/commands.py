@@ -32,6 +32,7 @@ from .console import EXIT_DEGRADED, EXIT_FAILURE, EXIT_USAGE, err, fail, note, o
 from .failure import Witness, backoff_s
 from .inputs import check_text, read_candidates
 from .options import (
+    SERVICE_NAME,
     Command,
     Group,
     OutputFormat,
@@ -409,6 +410,18 @@ def eval_(
             help="Random sign flips of the permutation test (when the exact test is larger).",
         ),
     ] = 9999,
+    phoenix: Annotated[
+        str | None,
+        typer.Option(
+            "--phoenix",
+            metavar="URL",
+            help="Trace the eval into Arize Phoenix at URL (or 'otlp': where "
+            "OTEL_EXPORTER_OTLP_ENDPOINT points) and log every judged document onto its "
+            "RETRIEVER and RERANKER spans, so Phoenix shows NDCG@k, precision@k and hit. "
+            "Needs the [phoenix] extra.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Is reranking better than recall? MRR@10, nDCG@10, Recall@k, top-1 accuracy.
 
@@ -418,21 +431,26 @@ def eval_(
     standard library with BM25's top 50 as candidates.
     """
     inputs = _eval_inputs(queries, qrels, candidates, docs, recall)
+    phoenix_at = None if phoenix is None else _phoenix_target(phoenix)
     with session(options) as (chosen, tracing):
         if inputs.recall is not None:
             inputs = _recalled(inputs, inputs.recall, chosen, recall_k)
         elif chosen.embedder is not None and inputs.corpus:
             _embed_corpus(inputs.corpus, chosen)
-        report = _run_eval(
+        report, logged = _run_eval(
             chosen,
             tracing,
             inputs,
             recall_at=recall_at,
             resamples=resamples,
             timeout=options.timeout,
+            phoenix=phoenix_at,
+            project=options.project or SERVICE_NAME,
         )
         if as_json:
             body = report.to_dict()
+            if logged is not None:
+                body["phoenix"] = logged
             body["reranker"] = {
                 "label": chosen.label,
                 "provider": getattr(chosen.reranker, "provider", None),
@@ -536,6 +554,31 @@ def _recalled(inputs: _EvalInputs, choice: RecallChoice, chosen: Chosen, depth: 
     return dataclasses.replace(inputs, pools=pools, recall_label=label)
 
 
+def _phoenix_target(given: str) -> str:
+    """Phoenix's URL for ``--phoenix``, with the traces sent there; exit 2 when it cannot be
+    used (no URL, no [phoenix] extra)."""
+    from .phoenix import phoenix_url
+
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    try:
+        url = phoenix_url(given, endpoint)
+    except ValueError as exc:
+        fail(EXIT_USAGE, str(exc))
+    try:
+        import phoenix.client  # noqa: F401
+    except ImportError:
+        fail(
+            EXIT_USAGE,
+            "--phoenix needs the [phoenix] extra: pip install 'retrieval-stage[phoenix]'",
+        )
+    # Phoenix takes OTLP/HTTP at <url>/v1/traces: the spans must go where the judgements go.
+    os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"{url}/v1/traces"
+    os.environ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+    return url
+
+
 def _run_eval(
     chosen: Chosen,
     tracing: Tracing,
@@ -544,13 +587,17 @@ def _run_eval(
     recall_at: int,
     resamples: int,
     timeout: float,
-) -> Any:
-    """Rerank every judged query under one CHAIN span, with a progress bar on stderr."""
+    phoenix: str | None = None,
+    project: str = SERVICE_NAME,
+) -> tuple[Any, dict[str, Any] | None]:
+    """Rerank every judged query under one CHAIN span, with a progress bar on stderr; with
+    `phoenix`, each query as a traced pipeline whose spans then get their judgements there."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from ..evaluation import evaluate
 
     stage = tracing.stage(chosen, None)
+    rerank, annotated = _phoenix_reranking(tracing, stage, inputs) if phoenix else (None, [])
     tracer = tracing.provider.get_tracer("retrieval_stage.cli")
     progress = Progress(
         TextColumn("reranking"),
@@ -570,7 +617,7 @@ def _run_eval(
     try:
         with progress, tracer.start_as_current_span("eval", attributes=attributes):
             task = progress.add_task("", total=len(inputs.judged))
-            return evaluate(
+            report = evaluate(
                 stage,
                 inputs.texts,
                 inputs.judgements,
@@ -578,11 +625,68 @@ def _run_eval(
                 recall_at=recall_at,
                 resamples=resamples,
                 progress=lambda qid: progress.update(task, advance=1, description=qid),
+                rerank=rerank,
             )
     except RerankError as exc:
         rerank_failed(chosen, exc, stage, timeout)
     except (TypeError, ValueError) as exc:  # the reranker refused its arguments
         fail(EXIT_USAGE, f"cannot rerank this input: {exc}")
+    finally:
+        if phoenix:
+            tracing.provider.force_flush()  # Phoenix must have the spans to annotate them
+    logged = _log_to_phoenix(phoenix, project, annotated) if phoenix else None
+    return report, logged
+
+
+def _phoenix_reranking(tracing: Tracing, stage: Any, inputs: _EvalInputs) -> tuple[Any, list[Any]]:
+    """A `rerank` for `evaluate` running each query as a `Pipeline` (RETRIEVER + RERANKER
+    spans), and the list it fills with each span's judgements."""
+    from ..pipeline import Pipeline
+    from .phoenix import DocumentSpans, FixedRecall, judgements
+
+    spans = DocumentSpans()
+    tracing.provider.add_span_processor(spans)
+    annotated: list[Any] = []
+
+    def rerank(qid: str, query: str, pool: list[Candidate]) -> Any:
+        spans.drain()  # anything ended before this query is not its
+        pipeline = Pipeline(
+            FixedRecall(pool, inputs.recall_label),
+            stage,
+            recall_k=max(1, len(pool)),
+            tracer_provider=tracing.provider,
+        )
+        results = pipeline.run(query).results
+        annotated.extend(
+            judgements(
+                spans.drain(),
+                query_id=qid,
+                recalled=[c.id for c in pool],
+                reranked=[r.candidate.id for r in results],
+                judged=inputs.judgements.get(qid, {}),
+            )
+        )
+        return results
+
+    return rerank, annotated
+
+
+def _log_to_phoenix(url: str, project: str, annotated: list[Any]) -> dict[str, Any]:
+    """Log the judgements and say so; what was logged, for ``--json``. Exit 1 if Phoenix
+    refuses them."""
+    from .phoenix import PhoenixUnavailableError, log_judgements
+
+    try:
+        stored = log_judgements(url, annotated) if annotated else 0
+    except PhoenixUnavailableError as exc:
+        fail(EXIT_FAILURE, str(exc))
+    spans = len({a["span_id"] for a in annotated})
+    note(
+        err(),
+        f"phoenix: {stored} document judgements on {spans} spans logged to {url} "
+        f"(project {project!r}, annotation 'relevance')",
+    )
+    return {"url": url, "project": project, "annotations": stored, "spans": spans}
 
 
 def _print_report(report: Any, chosen: Chosen, inputs: _EvalInputs) -> None:

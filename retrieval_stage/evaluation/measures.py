@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..models import Candidate, recall_order
+from ..models import Candidate, Reranked, recall_order
 from ..stage import RerankStage
 from .readers import Qrels
 
@@ -337,6 +337,7 @@ def evaluate(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
+    rerank: Callable[[str, str, list[Candidate]], Sequence[Reranked]] | None = None,
 ) -> EvalReport:
     """Rerank each judged query's candidates with `stage` and compare against recall order.
 
@@ -345,7 +346,8 @@ def evaluate(
     ranking is the stage's output. `progress` is called with each query id once it is
     reranked. A stage built with ``on_error="raise"`` stops the evaluation at the first
     reranker failure; with ``"fallback"`` a failed query keeps its recall order (and so counts
-    as no change).
+    as no change). `rerank(query_id, query, candidates)`, when given, replaces
+    ``stage.run(query, candidates)`` (``eval --phoenix`` runs each query as a traced pipeline).
     """
     judged = [qid for qid in queries if any(g > 0 for g in qrels.get(qid, {}).values())]
     recall: dict[str, list[str]] = {}
@@ -356,7 +358,10 @@ def evaluate(
         # "no change" rather than a move back to file order.
         pool = [given[i] for i in recall_order(given)]
         recall[qid] = [c.id for c in pool]
-        reranked[qid] = [r.candidate.id for r in stage.run(queries[qid], pool)]
+        outputs = (
+            stage.run(queries[qid], pool) if rerank is None else rerank(qid, queries[qid], pool)
+        )
+        reranked[qid] = [r.candidate.id for r in outputs]
         if progress is not None:
             progress(qid)
     return compare_rankings(

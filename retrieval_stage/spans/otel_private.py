@@ -1,6 +1,6 @@
 """The only place the library reads OpenTelemetry state that has no public API.
 
-Two facts have no public accessor in opentelemetry-api/-sdk 1.45, and one write has no cheap
+Three facts have no public accessor in opentelemetry-api/-sdk 1.45, and one write has no cheap
 public path:
 
 - whether instrumentation is suppressed: the API's context key ``_SUPPRESS_INSTRUMENTATION_KEY``
@@ -9,6 +9,8 @@ public path:
   separate ``opentelemetry-instrumentation`` package, which this library does not need);
 - an SDK span's attribute-count limit: the SDK keeps its `SpanLimits` on ``span._limits`` and
   exposes the attributes only as a read-only mapping without the bound;
+- whether metrics go anywhere: until an application sets a global MeterProvider, the API's
+  global is a private ``_ProxyMeterProvider`` whose instruments drop every point;
 - writing a RERANKER span's ~300 outcome attributes: the SDK's ``set_attributes`` re-validates
   every value (a recursive ``_clean_attribute_value`` over the mapping) and stores key by key,
   which profiled as the largest single cost a traced async call adds on the event loop (issue
@@ -16,8 +18,8 @@ public path:
   span's attribute dict, under the span's and the dict's own locks, and hands anything else to
   the SDK.
 
-`tests/spans/test_otel_private.py` pins all three against the installed SDK, so a release that moves
-either fails that test loudly instead of silently changing what the spans keep.
+`tests/spans/test_otel_private.py` pins all four against the installed SDK, so a release that
+moves either fails that test loudly instead of silently changing what the spans keep.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from opentelemetry import metrics
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
+from opentelemetry.metrics import NoOpMeterProvider
+from opentelemetry.metrics._internal import _ProxyMeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.trace import Span
@@ -35,6 +40,7 @@ from opentelemetry.util.types import AttributeValue
 __all__ = [
     "SDK_DEFAULT_ATTRIBUTE_LIMIT",
     "attribute_limit",
+    "metrics_configured",
     "set_span_attributes",
     "tracing_suppressed",
 ]
@@ -102,3 +108,11 @@ def _plain(attributes: Mapping[str, AttributeValue]) -> bool:
         if type(value) not in clean or type(key) is not str or not key:
             return False
     return True
+
+
+def metrics_configured(meter_provider: metrics.MeterProvider | None) -> bool:
+    """True when points recorded through `meter_provider` (None: the global one, as it is now)
+    can reach a reader: not the API's no-op provider, nor its placeholder for a global
+    provider nobody has set yet."""
+    provider = metrics.get_meter_provider() if meter_provider is None else meter_provider
+    return not isinstance(provider, (NoOpMeterProvider, _ProxyMeterProvider))

@@ -72,6 +72,12 @@ def test_span_has_exactly_the_openinference_reranker_attributes(wm: WireMock, sp
         "retrieval_stage.requests": 1,
         "retrieval_stage.retries": 0,
         "retrieval_stage.batches": 1,
+        # doc-b (recall 0.4) rose above doc-a (recall 0.9): the one pair reversed.
+        "retrieval_stage.quality.kendall_tau": -1.0,
+        "retrieval_stage.quality.topk_overlap": 1.0,
+        "retrieval_stage.quality.max_promotion": 2,
+        "retrieval_stage.quality.top_score": 0.97,
+        "retrieval_stage.quality.score_margin": 0.97 - 0.02,
         "reranker.model_name": "bge-reranker-base",  # from the response: set at the end
         "output.value": '{"documents":[{"id":"doc-b","score":0.97},{"id":"doc-a","score":0.02}]}',
         "output.mime_type": "application/json",

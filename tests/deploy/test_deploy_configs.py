@@ -860,3 +860,66 @@ def test_dashboard_promql_parses_with_promtool(tmp_path: Path) -> None:
     )
 
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# -- the quality row and its alert rules (issue 28) -----------------------------------------
+
+QUALITY_RULES = ROOT / "telemetry" / "rerank-quality.rules.yml"
+
+
+def test_the_dashboard_has_the_quality_row(emitted: dict[str, Any]) -> None:
+    dashboard = json.loads((ROOT / "grafana" / "dashboards" / "rerank-stage.json").read_text())
+    rows = [p for p in dashboard["panels"] if p["type"] == "row"]
+    (row,) = [r for r in rows if r["title"] == "Is the reranker earning its cost?"]
+    below = [
+        p
+        for p in panels(dashboard)
+        if p["type"] != "row" and p["gridPos"]["y"] > row["gridPos"]["y"]
+    ]
+    queries = " ".join(t["expr"] for p in below for t in p["targets"])
+    for metric in ("kendall_tau", "topk_overlap", "max_promotion", "top_score", "score_margin"):
+        assert f"retrieval_stage_rerank_{metric}_" in queries
+    # Next to what the reranker costs, and drift against a day earlier.
+    assert "retrieval_stage_rerank_duration_seconds_bucket" in queries
+    assert "retrieval_stage_rerank_fallbacks_total" in queries
+    assert "offset 1d" in queries
+    assert emitted["metric_names"] >= {
+        "retrieval_stage_rerank_kendall_tau_bucket",
+        "retrieval_stage_rerank_score_margin_bucket",
+    }
+
+
+def test_every_name_the_quality_rules_query_is_emitted_or_recorded(
+    emitted: dict[str, Any],
+) -> None:
+    rules = [r for g in load_yaml(QUALITY_RULES)["groups"] for r in g["rules"]]
+    recorded = {r["record"] for r in rules if "record" in r}
+    known_labels = INFRA_LABELS | emitted["metric_labels"]
+    seen = 0
+    for rule in rules:
+        expr = rule["expr"]
+        names = set(re.findall(r"\b([a-zA-Z_:][a-zA-Z0-9_:]*)\s*[\[{]", expr)) | set(
+            re.findall(r"\b([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)\b", expr)
+        )
+        for name in names:
+            assert name in emitted["metric_names"] | recorded, f"{name} is never exported"
+            seen += 1
+        for group in PROM_BY.findall(expr):
+            for label in filter(None, (part.strip() for part in group.split(","))):
+                assert label in known_labels, f"{rule}: grouped by unknown label {label}"
+        for matchers in PROM_SELECTOR.findall(expr):
+            for label in PROM_MATCHER.findall(matchers[1]):
+                assert label in known_labels, f"{rule}: label {label} is never set"
+    assert seen >= 8
+
+
+def test_the_buckets_the_quality_rules_count_are_the_ones_the_stage_exports() -> None:
+    from retrieval_stage.metrics import MARGIN_BUCKETS, TAU_BUCKETS
+
+    text = QUALITY_RULES.read_text(encoding="utf-8")
+    for le in re.findall(r'le="([^"]+)"', text):
+        assert float(le) in set(TAU_BUCKETS) | set(MARGIN_BUCKETS), le
+    assert 'retrieval_stage_rerank_kendall_tau_bucket{le="0.99995"}' in text
+    assert TAU_BUCKETS[-1] == 0.99995  # (1 + tau) / 2 just below tau = 1
+    assert 'retrieval_stage_rerank_score_margin_bucket{le="0.0001"}' in text
+    assert MARGIN_BUCKETS[0] == 0.0001

@@ -61,3 +61,28 @@ def test_the_sdks_own_exporters_suppress_with_the_same_key() -> None:
     import opentelemetry.sdk.trace.export as span_export
 
     assert "_SUPPRESS_INSTRUMENTATION_KEY" in inspect.getsource(span_export)
+
+
+def test_metrics_count_as_configured_only_with_a_real_meter_provider() -> None:
+    import subprocess
+    import sys
+
+    from opentelemetry.metrics import NoOpMeterProvider
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    assert _otel_private.metrics_configured(MeterProvider())
+    assert not _otel_private.metrics_configured(NoOpMeterProvider())
+    # The global: the API's placeholder until an application sets one. In a fresh process, so
+    # that this suite's other tests (which may set a global provider) cannot decide it.
+    script = (
+        "from opentelemetry import metrics\n"
+        "from opentelemetry.sdk.metrics import MeterProvider\n"
+        "from retrieval_stage.spans.otel_private import metrics_configured\n"
+        "before = metrics_configured(None)\n"
+        "metrics.set_meter_provider(MeterProvider())\n"
+        "print(before, metrics_configured(None))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["False", "True"]
