@@ -8,9 +8,10 @@ as Click words it, without the "Value error, " of the validator underneath.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import inspect
+from typing import Annotated, Any, ClassVar
 
-import click
+import typer
 from typer.core import TyperCommand, TyperGroup
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "MAX_WIDTH",
     "HelpCommand",
     "HelpGroup",
+    "help_all_parameter",
 ]
 
 MAX_WIDTH = 100
@@ -42,9 +44,8 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
             'rerank -q "delete a directory tree" --format table < examples/candidates.jsonl',
         ),
         (
-            "through Cohere (key in RERANK_API_KEY)",
-            "rerank -q QUERY -i FILE --endpoint https://api.cohere.com --provider cohere "
-            "--model rerank-v3.5",
+            "through a vLLM server (key, if any, in RERANK_API_KEY)",
+            "rerank -q QUERY -i FILE --endpoint http://localhost:8000 --provider vllm",
         ),
     ],
     "eval": [
@@ -66,7 +67,34 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
 _PREFIX = "Value error, "
 
 
-def _write_examples(name: str, formatter: click.HelpFormatter, program: str) -> None:
+def _show_all_help(ctx: typer.Context, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        ctx.meta[HELP_ALL] = True
+        typer.echo(ctx.get_help(), color=ctx.color)
+        raise typer.Exit()
+
+
+def help_all_parameter() -> inspect.Parameter:
+    """The ``--help-all`` flag, as a keyword parameter a command's signature can take (Typer
+    builds the option from it; its value never reaches the command)."""
+    return inspect.Parameter(
+        "help_all",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=False,
+        annotation=Annotated[
+            bool,
+            typer.Option(
+                HELP_ALL,
+                is_eager=True,
+                expose_value=False,
+                callback=_show_all_help,
+                help="Show every option, the shared ones included, and exit.",
+            ),
+        ],
+    )
+
+
+def _write_examples(name: str, formatter: Any, program: str) -> None:
     examples = EXAMPLES.get(name)
     if not examples:
         return
@@ -85,7 +113,7 @@ def _flags_without_type(params: list[Any]) -> list[Any]:
     return params
 
 
-def _plain_bad_parameter(exc: click.BadParameter) -> click.BadParameter:
+def _plain_bad_parameter(exc: typer.BadParameter) -> typer.BadParameter:
     """`exc` without the validator's "Value error, " prefix: "Invalid value for '--reranker':
     'foo' is not one of ..."."""
     if exc.message.startswith(_PREFIX):
@@ -100,35 +128,18 @@ class HelpCommand(TyperCommand):
     shared: ClassVar[frozenset[str]] = frozenset()
     shared_heading: ClassVar[str] = "Reranker, telemetry and logging options"
 
-    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        params = _flags_without_type(super().get_params(ctx))
-        return [*params, self._help_all_option()]
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _flags_without_type(super().get_params(ctx))
 
-    def _help_all_option(self) -> click.Option:
-        def show(ctx: click.Context, _: click.Parameter, value: bool) -> None:
-            if value and not ctx.resilient_parsing:
-                ctx.meta[HELP_ALL] = True
-                click.echo(ctx.get_help(), color=ctx.color)
-                ctx.exit()
-
-        return click.Option(
-            [HELP_ALL],
-            is_flag=True,
-            expose_value=False,
-            is_eager=True,
-            metavar="",
-            callback=show,
-            help="Show every option, the shared ones included, and exit.",
-        )
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         try:
-            return super().parse_args(ctx, args)
-        except click.BadParameter as exc:
+            return list(super().parse_args(ctx, args))
+        except typer.BadParameter as exc:
             raise _plain_bad_parameter(exc) from exc.__cause__
 
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_options(self, ctx: Any, formatter: Any) -> None:
         everything = bool(ctx.meta.get(HELP_ALL))
+        arguments: list[tuple[str, str]] = []
         own: list[tuple[str, str]] = []
         shared: list[tuple[str, str]] = []
         names: list[str] = []
@@ -136,11 +147,16 @@ class HelpCommand(TyperCommand):
             record = param.get_help_record(ctx)
             if record is None:
                 continue
-            if param.name in self.shared:
+            if param.param_type_name == "argument":
+                arguments.append(record)
+            elif param.name in self.shared:
                 shared.append(record)
                 names.append(param.opts[0])
             else:
                 own.append(record)
+        if arguments:
+            with formatter.section("Arguments"):
+                formatter.write_dl(arguments)
         with formatter.section("Options"):
             formatter.write_dl(own)
         if everything:
@@ -150,7 +166,7 @@ class HelpCommand(TyperCommand):
             with formatter.section(self.shared_heading):
                 formatter.write_text(f"{', '.join(names)}: {HELP_ALL} describes them.")
 
-    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_epilog(self, ctx: Any, formatter: Any) -> None:
         super().format_epilog(ctx, formatter)
         _write_examples(self.name or "", formatter, ctx.find_root().info_name or "")
 
@@ -158,10 +174,10 @@ class HelpCommand(TyperCommand):
 class HelpGroup(TyperGroup):
     """The application's group: its commands, then examples of each."""
 
-    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+    def get_params(self, ctx: Any) -> list[Any]:
         return _flags_without_type(super().get_params(ctx))
 
-    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_epilog(self, ctx: Any, formatter: Any) -> None:
         super().format_epilog(ctx, formatter)
         _write_examples("", formatter, ctx.info_name or "")
         formatter.write_paragraph()
