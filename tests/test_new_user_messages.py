@@ -165,7 +165,8 @@ def test_the_snippet_does_not_repeat_the_id_and_goes_when_too_narrow() -> None:
     assert "│ Serialize obj to a JSON" in wide
     assert "json.dumps: Serialize" not in wide
     narrow = _rendered(60)
-    assert "snippet" not in narrow and "Serialize" not in narrow
+    assert "snippet" not in narrow
+    assert "Serialize" not in narrow
     assert "json.dumps" in narrow
 
 
