@@ -230,7 +230,12 @@ class Call:
             return _Attempt(parsed=parsed)
         status = reply.status_code
         message = server_text(reply.content, [self.query, *batch], plan.api_key)
-        error = RerankStatusError(status, message, provider=plan.provider)
+        error = RerankStatusError(
+            status,
+            message,
+            provider=plan.provider,
+            url=str(masked_url(plan.base_url + plan.format.path)),
+        )
         if status in (413, 422):
             cap = batch_cap(reply.content, n)
             if cap is not None:
@@ -255,7 +260,7 @@ class Call:
             if isinstance(error, RerankStatusError)
             else "",
         }
-        log.warning("rerank.batch_split", provider=self.plan.provider, **fields)
+        log.info("rerank.batch_split", provider=self.plan.provider, **fields)
         span = trace.get_current_span()
         if span.is_recording():
             span.add_event("rerank.batch_split", fields)
@@ -284,7 +289,7 @@ class Call:
             "caused_by": caused_by,
             "batch_offset": offset,
         }
-        log.warning("rerank.retry_scheduled", provider=self.plan.provider, **fields)
+        log.info("rerank.retry_scheduled", provider=self.plan.provider, **fields)
         span = trace.get_current_span()
         if span.is_recording():
             span.add_event("rerank.retry_scheduled", fields)

@@ -18,7 +18,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from .conftest import WireMock
+from ..conftest import WireMock
 
 API_KEY = "sk-plain-script-0123456789"
 
