@@ -15,8 +15,8 @@ from retrieval_stage.cli.reranker import reason_text
 from retrieval_stage.errors import RerankProtocolError, RerankStatusError
 from retrieval_stage.validate import InvalidSetting
 
-from .conftest import WireMock
-from .test_cli import CANDIDATES, flat, invoke
+from ..conftest import WireMock
+from .test_commands import CANDIDATES, flat, invoke
 
 # -- 7: an endpoint without a scheme; a 404 names the URL ----------------------------------
 
