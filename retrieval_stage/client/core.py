@@ -55,8 +55,6 @@ class ClientCore(Generic[H]):
         batch_size: int | Literal["auto"] | None = None,
         http_client: H | None = None,
         max_concurrency: int = 8,
-        random: Callable[[], float] = _random.random,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # One rule per value, shared with RerankSettings and the CLI (validate.py); each
         # refusal is a ValueError whose ``field`` names the argument.
@@ -98,8 +96,10 @@ class ClientCore(Generic[H]):
             api_key_header=api_key_header,
             timeout=self.timeout,
             max_retries=max_retries,
-            random=random,
-            clock=clock,
+            # The retry jitter and the deadline clock: not settings, so not in the signature;
+            # tests replace them (tests/hooks.py).
+            random=_random.random,
+            clock=time.monotonic,
         )
         self._learned = Learned(
             batch_size if isinstance(batch_size, int) else wire.batch_size,
