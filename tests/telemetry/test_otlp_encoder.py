@@ -38,8 +38,9 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from retrieval_stage import Candidate, RerankStage, otlp_encoder
+from retrieval_stage import Candidate, RerankStage
 from retrieval_stage.errors import RerankTransportError
+from retrieval_stage.telemetry import otlp_encoder
 from retrieval_stage.telemetry.otlp_encoder import (
     UnsupportedValue,
     encode_spans_fast,
