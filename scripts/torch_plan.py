@@ -42,8 +42,7 @@ def plan(report: dict[str, object]) -> tuple[int, str]:
 def main() -> int:
     try:
         report = json.load(sys.stdin)
-    except ValueError:
-        print("could not read pip's report", file=sys.stderr)
+    except ValueError:  # pip found nothing to install (make says so)
         return 2
     status, line = plan(report)
     print(line)

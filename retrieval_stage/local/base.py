@@ -25,8 +25,8 @@ DEFAULT_LOCAL_MODEL = "cross-encoder/ms-marco-MiniLM-L-6-v2"
 """A small (22M parameter) MS MARCO cross-encoder: fast on a CPU, a real lift over BM25."""
 
 INSTALL_HINT = (
-    f"{install_hint('local')} (after a torch for this machine; PyTorch's CPU build: "
-    f"pip install torch --index-url {TORCH_CPU_INDEX})"
+    f"{install_hint('local')} (torch first; for its CPU build: pip install torch "
+    f"--index-url {TORCH_CPU_INDEX})"
 )
 """How to get the [local] extra, as a command that works from the clone (not on PyPI yet)."""
 
