@@ -101,7 +101,8 @@ def test_installed_script_runs_demo_offline_and_says_which_reranker_ran() -> Non
         assert "reranker: lexical" in done.stdout
         assert real_reranker_hint() in flat(done.stdout)
         assert "--endpoint http://localhost:8080" in flat(done.stdout)
-    for header in ("rank", "recall", "move", "score", "bm25", "id", "snippet"):
+    # At a pipe's 80 columns the snippet column is left out (too narrow to read, issue 27).
+    for header in ("rank", "recall", "move", "score", "bm25", "id"):
         assert header in done.stdout
     assert "json.JSONEncoder" in done.stdout
     assert "spans: 3 in trace " in done.stderr
