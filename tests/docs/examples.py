@@ -39,6 +39,8 @@ RUN_TIMEOUT_S = 600.0
 
 _MARKER = re.compile(r"^<!-- example: (?P<what>.*?) -->$")
 _IDS = re.compile(r"\b[0-9a-f]{32}\b|\b[0-9a-f]{16}\b")
+_PROGRESS = re.compile(r"^(embedding [\d,]+ documents once|embedded [\d,]+ of [\d,]+ documents)")
+"""The first embedding's progress lines: a terminal shows a bar that then disappears."""
 _SEPARATOR = "@@retrieval-stage-example-{}@@"
 
 
@@ -164,7 +166,7 @@ def run(block: Block, cache: Path | None = None) -> list[list[str]]:
         if line.startswith("@@retrieval-stage-example-"):
             outputs.append(current)
             current = []
-        else:
+        elif not _PROGRESS.match(line):
             current.append(line.rstrip())
     return outputs
 
