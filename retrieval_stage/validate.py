@@ -161,10 +161,12 @@ def endpoint(value: Any, field: str = "endpoint") -> str:
         parts.port  # noqa: B018 - raises ValueError on a port that is not a number
     except ValueError:
         raise InvalidSetting(field, "must be an http(s) URL (it cannot be parsed)") from None
-    if parts.scheme not in ("http", "https"):
+    if "://" not in url:  # "localhost:8080" parses as scheme "localhost"
         raise InvalidSetting(
-            field, f"must be an http(s) URL, got scheme {parts.scheme or 'none'!r}"
+            field, "has no http:// or https:// in front: add http:// (e.g. http://localhost:8080)"
         )
+    if parts.scheme not in ("http", "https"):
+        raise InvalidSetting(field, f"must be an http(s) URL, got scheme {parts.scheme!r}")
     if not host or any(c.isspace() for c in url):
         raise InvalidSetting(field, "must be an http(s) URL with a host and no spaces")
     if "?" in url or "#" in url:

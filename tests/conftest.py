@@ -187,6 +187,11 @@ class WireMockPlan:
             return f"wiremock: external at {self.url} (WIREMOCK_URL)"
         if self.kind == "docker":
             return f"wiremock: docker {self.detail} at {self.url}"
+        if shutil.which("java") is None:
+            return (
+                f"wiremock: none: {self.why}, and no java on PATH to run the {self.detail} "
+                "(install a JRE, or start a Docker engine with the image: docker/wiremock/build.sh)"
+            )
         return f"wiremock: {self.detail} under java at {self.url} ({self.why})"
 
 

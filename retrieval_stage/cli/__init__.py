@@ -11,9 +11,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from .._install import install_hint
+
 __all__ = ["CLI_INSTALL_HINT", "app", "main"]
 
-CLI_INSTALL_HINT = "pip install 'retrieval-stage[cli]'"
+CLI_INSTALL_HINT = install_hint("cli")
+"""How to get the command's extra, as a command that works from the clone."""
 _CLI_MODULES = ("typer", "rich", "bm25s", "numpy", "scipy", "ir_measures")
 
 

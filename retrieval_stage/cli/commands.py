@@ -30,6 +30,7 @@ from ..errors import RerankError
 from ..models import Candidate
 from .console import EXIT_DEGRADED, EXIT_FAILURE, EXIT_USAGE, err, fail, note, out
 from .failure import Witness, backoff_s
+from .help import MAX_WIDTH
 from .inputs import check_text, read_candidates
 from .options import (
     SERVICE_NAME,
@@ -56,7 +57,6 @@ __all__ = ["app", "main"]
 
 DEFAULT_QUERY = "serialize a Python object to a JSON string"
 
-# Help texts and docstrings are Rich markup: a literal "[local]" must be written "\\[local]".
 app = typer.Typer(
     name="retrieval-stage",
     help="Run recall→rerank, see what the reranker moved, and measure the lift.",
@@ -64,6 +64,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,  # never dump locals (an API key may be among them)
+    rich_markup_mode=None,  # plain Click help: wraps to the terminal, reads the same in a pipe
+    context_settings={"max_content_width": MAX_WIDTH},
 )
 
 
@@ -95,7 +97,9 @@ def demo(
     query: Annotated[
         str, typer.Argument(help="What to search the bundled corpus for.")
     ] = DEFAULT_QUERY,
-    top_k: Annotated[int, typer.Option("--top-k", min=1, help="Results to show.")] = 10,
+    top_k: Annotated[
+        int, typer.Option("--top-k", min=0, help="Results to show (0: every candidate).")
+    ] = 10,
     recall_k: Annotated[
         int, typer.Option("--recall-k", min=1, help="Candidates recall hands to the reranker.")
     ] = 50,
@@ -134,7 +138,7 @@ def demo(
 
     Runs with no server and no network: recall over ~1,500 standard-library docstrings (BM25,
     dense or hybrid), then the service at --endpoint, or in process a cross-encoder on disk,
-    the packaged embedding model (the \\[local] extra) or the lexical fallback.
+    the packaged embedding model (the [local] extra) or the lexical fallback.
     """
     if not query.strip():
         fail(EXIT_USAGE, "the query must not be empty")
@@ -150,7 +154,7 @@ def demo(
     console = out()
     with session(options) as (chosen, tracing):
         # Fallback, as the library's default: a failing reranker shows recall order, marked.
-        stage = tracing.stage(chosen, top_k, on_error="fallback")
+        stage = tracing.stage(chosen, top_k or None, on_error="fallback")
         recaller = make_recall(recall, documents, chosen)
         pipeline = Pipeline(
             recaller.recaller, stage, recall_k=recall_k, tracer_provider=tracing.provider

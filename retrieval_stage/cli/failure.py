@@ -109,6 +109,18 @@ _STATUS_HINTS = {
 }
 
 
+def _path_hint(requested: str, base_url: str) -> str:
+    """For a 404/405: the provider's path is appended to --endpoint, so name it."""
+    path = requested[len(base_url.rstrip("/")) :] if requested.startswith(base_url) else ""
+    if path and base_url.rstrip("/").endswith(path):
+        return (
+            f"--endpoint already ends in {path}, which is appended to it: pass the base URL "
+            f"(--endpoint {shown_url(base_url.rstrip('/')[: -len(path)] or base_url)})"
+        )
+    appended = f" ({path} is appended to it)" if path else ""
+    return f"check --endpoint{appended} and --provider (each provider has its own path)"
+
+
 def describe(
     exc: RerankError,
     *,
@@ -126,14 +138,26 @@ def describe(
     if isinstance(exc, RerankStatusError):
         said = scrubbed_message(exc.server_message, base_url).strip()
         detail = f": {said}" if said else " with no message"
+        if exc.url and exc.status_code in (404, 405):
+            # Name the URL asked for: "/rerank/rerank" shows the path was given twice.
+            return Failure(
+                f"{shown_url(exc.url)} answered HTTP {exc.status_code}{detail}",
+                _path_hint(exc.url, base_url),
+            )
         return Failure(
             f"{where} answered HTTP {exc.status_code}{detail}", _STATUS_HINTS.get(exc.status_code)
         )
     if isinstance(exc, RerankProtocolError):
         name = "TEI" if provider in (None, "tei") else provider
+        # The client's message already says "<provider> answered something that is not a
+        # <provider> response: "; only what follows is news.
+        said = str(exc)
+        marker = "response: "
+        if "answered something that is not a" in said and marker in said:
+            said = said.split(marker, 1)[1]
         return Failure(
             f"{where} answered something that is not a {name} response: "
-            f"{scrubbed_message(str(exc), base_url)}"
+            f"{scrubbed_message(said, base_url)}"
         )
     if isinstance(exc, RerankTransportError):
         kind = transport_kind(exc)

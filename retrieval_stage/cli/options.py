@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
 
 from ..client.providers import PROVIDERS
 from ..config import LOCAL
+from .help import HelpCommand, HelpGroup, help_all_parameter
 
 __all__ = [
     "DEFAULT_TELEMETRY_TIMEOUT_S",
@@ -102,7 +102,6 @@ class RerankOptions:
     log_level: str = "warning"
 
 
-# Help texts are Rich markup: a literal "[local]" must be written "\\[local]".
 _SHARED: dict[str, Any] = {
     "endpoint": Annotated[
         str | None,
@@ -179,7 +178,7 @@ _SHARED: dict[str, Any] = {
         typer.Option(
             "--reranker",
             help="'endpoint': the service at --endpoint; 'local': a cross-encoder in process "
-            "(--model; needs the \\[local] extra); 'embedding': cosine of embeddings from "
+            "(--model; needs the [local] extra); 'embedding': cosine of embeddings from "
             "--model (default: the packaged all-MiniLM-L6-v2, offline); 'lexical': a "
             "bag-of-words fallback, not a model; 'auto': the endpoint when given, else a "
             "cross-encoder that loads (offline: one already on disk), else the embedding "
@@ -241,33 +240,21 @@ def with_rerank_options(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def wrapper(**kwargs: Any) -> None:
+        kwargs.pop("help_all", None)  # Typer passes an eager flag's value even unexposed
         values = {name: kwargs.pop(name) for name in _SHARED}
         command(options=RerankOptions(**values), **kwargs)
 
-    parameters = [*own, *shared]
+    parameters = [*own, *shared, help_all_parameter()]
     wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in parameters} | {"return": None}
     return wrapper
 
 
-def _flags_without_type(params: list[Any]) -> list[Any]:
-    """`params` with flags shown bare in help: Typer labels a flag ``<bool>``, which reads as if
-    it took a value (``--json <bool>``)."""
-    for param in params:
-        if getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""
-    return params
+class Command(HelpCommand):
+    """A command whose --help shows its own options and examples; --help-all every option."""
+
+    shared = frozenset(_SHARED)
 
 
-class Command(TyperCommand):
-    """A command whose help shows flags without a type."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        return _flags_without_type(super().get_params(ctx))
-
-
-class Group(TyperGroup):
-    """The application's group, whose help shows flags without a type."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        return _flags_without_type(super().get_params(ctx))
+class Group(HelpGroup):
+    """The application's group: its commands and examples."""

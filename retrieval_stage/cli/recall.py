@@ -9,6 +9,7 @@ embedding. Document embeddings are kept under the user's cache directory by `Den
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,12 +68,24 @@ def index_corpus(dense: Any) -> None:
     task = progress.add_task("", total=len(dense))
     started = False
 
+    began = time.monotonic()
+    next_tenth = 1
+
     def advance(done: int, total: int) -> None:
-        nonlocal started
+        nonlocal started, next_tenth
         if not started:  # first batch done: the corpus is being embedded, not loaded
             started = True
             if progress.disable:
-                note(stderr, f"embedding {total:,} documents once (then cached on disk)…")
+                note(
+                    stderr,
+                    f"embedding {total:,} documents once (then cached on disk; a minute or "
+                    "more on a busy 2-CPU machine)…",
+                )
+        # Piped (no bar): a line per tenth, so a log shows it is moving.
+        if progress.disable and total and done * 10 >= next_tenth * total:
+            next_tenth = done * 10 // total + 1
+            elapsed = time.monotonic() - began
+            note(stderr, f"embedded {done:,} of {total:,} documents ({elapsed:.0f} s)")
         progress.update(task, completed=done, total=total)
 
     try:

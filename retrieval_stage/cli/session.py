@@ -4,6 +4,7 @@ the end everything flushed and one line saying where the spans went.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -265,6 +266,20 @@ def _start_metrics(shutdown_timeout: float) -> Any:
         _otlp_failure("metrics", exc, otlp)
 
 
+SAID_BY_THE_COMMAND = frozenset({"rerank.fallback", "rerank.failed"})
+"""Log events the command prints in words itself (``fallback: ...``, ``error: rerank
+failed: ...``): at the default level their log line would only say it twice. --log-level
+info or debug shows them."""
+
+
+def _not_said_twice(_: Any, __: str, event: Any) -> Any:
+    import structlog
+
+    if event.get("event") in SAID_BY_THE_COMMAND:
+        raise structlog.DropEvent
+    return event
+
+
 def _logging(level: str, endpoint: str | None = None) -> None:
     """JSON logs on stderr (rendered for a terminal), with `endpoint`'s secrets scrubbed: a
     logged error can quote a service that echoed the request URL."""
@@ -276,6 +291,10 @@ def _logging(level: str, endpoint: str | None = None) -> None:
         configure_logging(level, stream=sys.stderr, json=not sys.stderr.isatty())
     except ValueError:
         fail(EXIT_USAGE, f"--log-level: unknown level {level!r}")
+    *processors, renderer = structlog.get_config()["processors"]
+    if logging.getLevelName(level.upper()) >= logging.WARNING:
+        processors.append(_not_said_twice)
+    structlog.configure(processors=[*processors, renderer])
     if not endpoint:
         return
 

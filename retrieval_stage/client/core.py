@@ -56,8 +56,6 @@ class ClientCore(Generic[H]):
         batch_size: int | Literal["auto"] | None = None,
         http_client: H | None = None,
         max_concurrency: int = 8,
-        random: Callable[[], float] = _random.random,
-        clock: Callable[[], float] = time.monotonic,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         send_baggage: bool = True,
     ) -> None:
@@ -111,8 +109,10 @@ class ClientCore(Generic[H]):
             api_key_header=api_key_header,
             timeout=self.timeout,
             max_retries=max_retries,
-            random=random,
-            clock=clock,
+            # The retry jitter and the deadline clock: not settings, so not in the signature;
+            # tests replace them (tests/hooks.py).
+            random=_random.random,
+            clock=time.monotonic,
             max_response_bytes=max_response_bytes,
             send_baggage=bool(send_baggage),
             basic_auth=basic_auth,

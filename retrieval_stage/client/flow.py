@@ -262,7 +262,12 @@ class Call:
             location = clean(shown_url(reply.headers.get("location", "")), hay, plan.secrets)
             return _Attempt(error=RerankRedirectError(status, location, provider=plan.provider))
         message = server_text(reply.content, self.hay(), plan.secrets)
-        error = RerankStatusError(status, message, provider=plan.provider)
+        error = RerankStatusError(
+            status,
+            message,
+            provider=plan.provider,
+            url=shown_url(plan.base_url + plan.format.path),
+        )
         if status in (413, 422):
             cap = batch_cap(reply.content, n)
             if cap is not None:
@@ -287,7 +292,7 @@ class Call:
             if isinstance(error, RerankStatusError)
             else "",
         }
-        log.warning("rerank.batch_split", provider=self.plan.provider, **fields)
+        log.info("rerank.batch_split", provider=self.plan.provider, **fields)
         span = trace.get_current_span()
         if span.is_recording():
             span.add_event("rerank.batch_split", fields)
@@ -316,7 +321,7 @@ class Call:
             "caused_by": caused_by,
             "batch_offset": offset,
         }
-        log.warning("rerank.retry_scheduled", provider=self.plan.provider, **fields)
+        log.info("rerank.retry_scheduled", provider=self.plan.provider, **fields)
         span = trace.get_current_span()
         if span.is_recording():
             span.add_event("rerank.retry_scheduled", fields)

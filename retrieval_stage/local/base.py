@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from .._install import TORCH_CPU_INDEX, install_hint
+
 __all__ = ["DEFAULT_LOCAL_MODEL", "INSTALL_HINT", "InProcessModel", "InThread", "local_available"]
 
 T = TypeVar("T")
@@ -22,7 +24,11 @@ T = TypeVar("T")
 DEFAULT_LOCAL_MODEL = "cross-encoder/ms-marco-MiniLM-L-6-v2"
 """A small (22M parameter) MS MARCO cross-encoder: fast on a CPU, a real lift over BM25."""
 
-INSTALL_HINT = "pip install 'retrieval-stage[local]'"
+INSTALL_HINT = (
+    f"{install_hint('local')} (torch first; for its CPU build: pip install torch "
+    f"--index-url {TORCH_CPU_INDEX})"
+)
+"""How to get the [local] extra, as a command that works from the clone (not on PyPI yet)."""
 
 
 def local_available() -> bool:

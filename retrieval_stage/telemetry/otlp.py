@@ -30,6 +30,7 @@ from typing import Literal
 
 from opentelemetry.util.re import parse_env_headers
 
+from .._install import install_hint
 from .._redact import shown_url
 
 __all__ = [
@@ -50,7 +51,7 @@ Protocol = Literal["http/protobuf", "grpc"]
 DEFAULT_SERVICE_NAME = "retrieval-stage"
 DEFAULT_EXPORT_TIMEOUT_S = 5.0
 
-GRPC_EXTRA_HINT = "pip install 'retrieval-stage[grpc]'"
+GRPC_EXTRA_HINT = install_hint("grpc")
 """What to run when OTLP over gRPC is asked for without grpcio installed."""
 
 _DEFAULT_HTTP_BASE = "http://localhost:4318"

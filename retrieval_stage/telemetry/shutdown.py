@@ -81,6 +81,21 @@ def register(provider: Any, deliveries: list[Delivery], shutdown_timeout: float)
             _atexit_installed = True
 
 
+def is_registered(provider: Any) -> bool:
+    """Whether `provider` awaits `shutdown_telemetry` (registered and not shut down yet)."""
+    with _lock:
+        return any(entry.provider is provider and not entry.done for entry in _registry)
+
+
+def registered_timeout(provider: Any) -> float:
+    """The shutdown bound `provider` was configured with."""
+    with _lock:
+        for entry in _registry:
+            if entry.provider is provider:
+                return entry.shutdown_timeout
+    return DEFAULT_SHUTDOWN_TIMEOUT_S
+
+
 def forget(provider: Any) -> None:
     """`provider` is being shut down by its own ``shutdown()``: the exit hook must skip it."""
     with _lock:

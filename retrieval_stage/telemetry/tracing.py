@@ -21,7 +21,14 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from .._log import get_logger
 from .exporters import CountingSpanExporter, Delivery, quiet_exporter_loggers, span_exporter
 from .otlp import DEFAULT_EXPORT_TIMEOUT_S, DEFAULT_SERVICE_NAME, exporter_off, otlp_target
-from .shutdown import DEFAULT_SHUTDOWN_TIMEOUT_S, in_background, register
+from .shutdown import (
+    DEFAULT_SHUTDOWN_TIMEOUT_S,
+    in_background,
+    is_registered,
+    register,
+    registered_timeout,
+    shutdown_telemetry,
+)
 
 __all__ = [
     "DEFAULT_SPAN_ATTRIBUTE_LIMIT",
@@ -121,7 +128,9 @@ def configure_tracing(
         span_limits = SpanLimits(
             max_span_attributes=None if env_limit else DEFAULT_SPAN_ATTRIBUTE_LIMIT
         )
-    provider = TracerProvider(resource=resource, span_limits=span_limits, shutdown_on_exit=False)
+    provider = _ReportingTracerProvider(
+        resource=resource, span_limits=span_limits, shutdown_on_exit=False
+    )
     processor: BoundedBatchSpanProcessor | None = None
     if exporter is not None or not exporter_off("TRACES"):
         if exporter is None:
@@ -144,6 +153,17 @@ def configure_tracing(
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
+
+
+class _ReportingTracerProvider(TracerProvider):
+    """``shutdown()`` goes through `shutdown_telemetry`: bounded, what was lost said once at
+    that moment, and the exit hook then has nothing left to report for it."""
+
+    def shutdown(self) -> None:
+        if is_registered(self):
+            shutdown_telemetry(self, timeout=registered_timeout(self))
+        else:  # shutdown_telemetry's own call, or a second shutdown
+            super().shutdown()
 
 
 class BoundedBatchSpanProcessor(BatchSpanProcessor):

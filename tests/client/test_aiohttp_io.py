@@ -40,6 +40,7 @@ from retrieval_stage.client.aiohttp_io import httpx_error, httpx_error_type
 from retrieval_stage.client.body import ACCEPT_ENCODING
 
 from ..conftest import WireMock
+from ..hooks import hooked
 
 LIMIT = 64 * 1024
 """The client's max_response_bytes in these tests."""
@@ -435,7 +436,7 @@ async def test_a_server_that_closes_without_answering_is_a_remote_protocol_error
 
     async with (
         loopback(hang_up) as (url, seen),
-        AsyncRerankClient(url, max_retries=1, random=lambda: 1.0) as client,
+        hooked(AsyncRerankClient(url, max_retries=1), random=lambda: 1.0) as client,
     ):
         with pytest.raises(RerankTransportError) as caught:
             await client.rerank("q", ["a"])

@@ -25,6 +25,7 @@ from retrieval_stage import (
 )
 from retrieval_stage.client.deadline_io import DeadlineTransport, httpx_error
 from retrieval_stage.errors import RerankClientClosedError, RerankError
+from tests.hooks import hooked
 
 from ..conftest import WireMock
 
@@ -219,7 +220,7 @@ def test_an_already_expired_deadline_sends_nothing(wm: WireMock) -> None:
         return next(ticks, 100.0)
 
     with (
-        RerankClient(wm.url + "/tei", timeout=1.0, clock=clock) as client,
+        hooked(RerankClient(wm.url + "/tei", timeout=1.0), clock=clock) as client,
         pytest.raises(RerankTransportError, match="after 0 request"),
     ):
         client.rerank("q", ["a", "b"])

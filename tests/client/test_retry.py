@@ -28,6 +28,7 @@ from retrieval_stage.client.retry import (
     parse_retry_after,
     retry_wait,
 )
+from tests.hooks import hooked
 
 NOW = 1_750_000_000.0
 """A fixed wall-clock time for HTTP-date arithmetic."""
@@ -297,13 +298,12 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 
 
 def client_with(transport: httpx.MockTransport, clock: FakeClock, **kw: object) -> RerankClient:
-    return RerankClient(
+    client = RerankClient(
         "http://reranker.test",
         http_client=httpx.Client(transport=transport),
-        clock=clock,
-        random=fixed(0.0),
         **kw,  # type: ignore[arg-type]
     )
+    return hooked(client, clock=clock, random=fixed(0.0))
 
 
 def test_client_gives_up_at_once_when_retry_after_reaches_past_the_deadline(

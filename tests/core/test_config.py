@@ -150,7 +150,7 @@ BAD = [
     ("RERANK_TIMEOUT", "nan", "must be a finite number of seconds > 0"),
     ("RERANK_TIMEOUT", "inf", "must be a finite number of seconds > 0"),
     ("RERANK_PROVIDER", "openai", "'openai' is not one of: tei, cohere, jina, "),
-    ("RERANK_ENDPOINT", "localhost:8080", "must be an http(s) URL, got scheme 'localhost'"),
+    ("RERANK_ENDPOINT", "localhost:8080", "has no http:// or https:// in front: add http://"),
     ("RERANK_ENDPOINT", "ftp://files.example.com", "must be an http(s) URL, got scheme 'ftp'"),
     ("RERANK_ENDPOINT", "http://", "must be an http(s) URL with a host and no spaces"),
     ("RERANK_ENDPOINT", "http://tei host:80", "must be an http(s) URL with a host and no spaces"),
@@ -270,7 +270,7 @@ def test_settings_are_frozen() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"endpoint": "tei:8080"}, "RerankSettings.endpoint must be an http(s) URL"),
+        ({"endpoint": "tei:8080"}, "RerankSettings.endpoint has no http:// or https:// in front"),
         ({"provider": "openai"}, "RerankSettings.provider 'openai' is not one of: tei"),
         ({"timeout": 0}, "RerankSettings.timeout must be a finite number of seconds > 0"),
         ({"timeout": True}, "RerankSettings.timeout must be a number of seconds, got bool"),

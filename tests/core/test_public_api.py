@@ -57,6 +57,8 @@ def test_client_signatures_match_the_contract() -> None:
         for name, default in expected:
             assert params[name].default == default, (cls.__name__, name)
             assert params[name].kind is inspect.Parameter.KEYWORD_ONLY
+        # The retry jitter and the clock are test hooks, not settings (issue 27).
+        assert not {"random", "clock"} & set(params), cls.__name__
         rerank = inspect.signature(cls.rerank).parameters
         assert list(rerank)[:3] == ["self", "query", "items"]
         assert rerank["text"].default is None

@@ -23,6 +23,7 @@ from retrieval_stage import (
     RerankStatusError,
 )
 from retrieval_stage.telemetry import configure_tracing
+from tests.hooks import hooked
 
 from ..conftest import WireMock
 from ..fakes import ByLength
@@ -187,7 +188,7 @@ def test_fallback_returns_recall_order_and_marks_the_span_exactly(
 def test_failed_call_records_what_it_spent(wm: WireMock, spans: Spans) -> None:
     provider, exporter = spans
     wm.stub_json("/tei/down/rerank", {"error": "down", "error_type": "Unhealthy"}, status=503)
-    with RerankClient(wm.url + "/tei/down", max_retries=2, random=lambda: 1.0) as client:
+    with hooked(RerankClient(wm.url + "/tei/down", max_retries=2), random=lambda: 1.0) as client:
         with pytest.raises(RerankStatusError) as caught:
             client.rerank("q", ["A"])
         assert (caught.value.requests, caught.value.retries) == (3, 2)

@@ -22,6 +22,7 @@ from opentelemetry.trace import StatusCode
 from structlog.testing import capture_logs
 
 from retrieval_stage import AsyncRerankClient, Candidate, RerankClient, Reranked, RerankStage
+from tests.hooks import hooked
 
 from ..conftest import WireMock
 
@@ -138,7 +139,7 @@ def run_stage(
     """
     provider, exporter = spans
     headers = {"Accept-Encoding": "identity"} if identity else None
-    client_kw.setdefault("random", lambda: SHORTEST_JITTER)
+    jitter = client_kw.pop("random", lambda: SHORTEST_JITTER)
     runs: list[Run] = []
 
     def record(outputs: list[Reranked], started: float, client: Any) -> None:
@@ -148,7 +149,10 @@ def run_stage(
 
     if flavour == "sync":
         http = httpx.Client(headers=headers)
-        with http, RerankClient(url, http_client=http, **client_kw) as client:
+        with (
+            http,
+            hooked(RerankClient(url, http_client=http, **client_kw), random=jitter) as client,
+        ):
             stage = RerankStage(client, tracer_provider=provider)
             for _ in range(calls):
                 started = time.monotonic()
@@ -157,7 +161,8 @@ def run_stage(
 
     async def go() -> None:
         ahttp = httpx.AsyncClient(headers=headers)
-        async with ahttp, AsyncRerankClient(url, http_client=ahttp, **client_kw) as client:
+        client = hooked(AsyncRerankClient(url, http_client=ahttp, **client_kw), random=jitter)
+        async with ahttp, client:
             stage = RerankStage(client, tracer_provider=provider)
             for _ in range(calls):
                 started = time.monotonic()

@@ -35,6 +35,7 @@ from retrieval_stage import (
 )
 from retrieval_stage.spans import DEFAULT_MAX_CONTENT_BYTES, TRUNCATION_MARKER
 from retrieval_stage.telemetry import configure_logging, configure_tracing
+from tests.hooks import hooked
 
 from ..conftest import WireMock
 
@@ -148,8 +149,8 @@ def test_api_key_appears_only_in_the_outgoing_header(wm: WireMock, log_stream: i
     reprs: list[str] = []
     try:
         for path in ("/ok", "/flaky", "/echo"):
-            with RerankClient(
-                wm.url + path, api_key=SECRET, model="bge", random=lambda: 1.0
+            with hooked(
+                RerankClient(wm.url + path, api_key=SECRET, model="bge"), random=lambda: 1.0
             ) as client:
                 stage = RerankStage(client, tracer_provider=provider)
                 reprs += [repr(client), str(client), repr(stage), repr(stage.trace_config)]
@@ -406,7 +407,7 @@ def test_logs_never_carry_query_or_document_text(wm: WireMock, log_stream: io.St
         }
     )
     for path in ("/ok", "/flaky", "/invalid", "/lying", "/reset"):
-        with RerankClient(wm.url + path, random=lambda: 1.0, max_retries=1) as client:
+        with hooked(RerankClient(wm.url + path, max_retries=1), random=lambda: 1.0) as client:
             RerankStage(client).run(QUERY, cands())
     logged = log_stream.getvalue()
     events = [json.loads(line)["event"] for line in logged.splitlines()]

@@ -45,6 +45,7 @@ from retrieval_stage import (
     RerankTransportError,
 )
 from retrieval_stage.spans import ATTR_REQUESTS
+from tests.hooks import hooked
 
 from ..conftest import WireMock
 
@@ -302,8 +303,9 @@ async def test_soak_every_call_answers_cleanly_without_leaks(wm: WireMock) -> No
     sockets_before = sockets()
     started = time.monotonic()
     with capture_logs() as logs:
-        client = AsyncRerankClient(
-            wm.url + "/soak", timeout=10.0, max_retries=MAX_RETRIES, random=lambda: 1.0
+        client = hooked(
+            AsyncRerankClient(wm.url + "/soak", timeout=10.0, max_retries=MAX_RETRIES),
+            random=lambda: 1.0,
         )
         async with client:
             stage = RerankStage(client, tracer_provider=provider)

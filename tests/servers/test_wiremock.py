@@ -14,6 +14,7 @@ from retrieval_stage import (
     RerankStatusError,
     RerankTransportError,
 )
+from tests.hooks import hooked
 
 from ..conftest import WireMock
 
@@ -110,7 +111,7 @@ def test_malformed_body_raises_protocol_error(wm: WireMock, case: str, says: str
 
 
 def test_503_then_200_is_retried(wm: WireMock) -> None:
-    with RerankClient(wm.url + "/tei/retry-503", random=lambda: 1.0) as client:
+    with hooked(RerankClient(wm.url + "/tei/retry-503"), random=lambda: 1.0) as client:
         response = client.rerank_response("q", ["A", "B"])
     assert [item for item, _ in response.results] == ["B", "A"]
     assert len(wm.requests("/tei/retry-503/rerank")) == 2
@@ -205,7 +206,7 @@ async def test_async_split_batches_map_correctly(wm: WireMock) -> None:
 
 
 async def test_async_503_then_200_is_retried(wm: WireMock) -> None:
-    async with AsyncRerankClient(wm.url + "/tei/retry-503", random=lambda: 1.0) as client:
+    async with hooked(AsyncRerankClient(wm.url + "/tei/retry-503"), random=lambda: 1.0) as client:
         result = await client.rerank("q", ["A", "B"])
     assert [item for item, _ in result] == ["B", "A"]
     assert len(wm.requests("/tei/retry-503/rerank")) == 2

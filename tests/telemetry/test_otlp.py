@@ -200,7 +200,8 @@ def test_without_grpcio_the_package_imports_and_grpc_names_the_extra() -> None:
     lines = result.stdout.strip().splitlines()
     assert len(lines) == 2, result.stdout
     for line in lines:
-        assert "pip install 'retrieval-stage[grpc]'" in line
+        assert "-m pip install -e " in line
+        assert "[grpc]'" in line
     assert issubclass(OtlpExtraMissingError, ImportError)
 
 

@@ -161,7 +161,8 @@ def _script(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_the_exit_hook_is_bounded_and_prints_no_sdk_lines_on_a_bare_terminal() -> None:
     """No configure_logging, no shutdown call: the README's library snippet with a stuck
-    collector. The exit hook keeps exit within the deadline and the terminal clean."""
+    collector. The exit hook keeps exit within the deadline, prints no SDK line, and says once
+    what was lost (through `logging.lastResort`: nothing configured logging)."""
     started = time.monotonic()
     baseline = _script("--case", "ok", "--at-exit")
     baseline_s = time.monotonic() - started
@@ -171,7 +172,10 @@ def test_the_exit_hook_is_bounded_and_prints_no_sdk_lines_on_a_bare_terminal() -
 
     assert baseline.returncode == 0, baseline.stderr
     assert stuck.returncode == 0, stuck.stderr
-    assert stuck.stderr == ""
+    assert baseline.stderr == ""
+    (line,) = stuck.stderr.splitlines()
+    assert line.startswith("telemetry.undelivered: "), line
+    assert "could not be delivered" in line
     assert stuck_s - baseline_s < DEADLINE + PROCESS_MARGIN, (stuck_s, baseline_s)
 
 
