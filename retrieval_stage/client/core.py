@@ -120,6 +120,7 @@ class ClientCore(Generic[H]):
         self._learned = Learned(
             batch_size if isinstance(batch_size, int) else wire.batch_size,
             ask_info=batch_size == "auto",
+            ask_model=model is None and wire.name == "tei",
         )
         self._owns_http = http_client is None
         self._http = http_client if http_client is not None else self._new_http()

@@ -97,8 +97,11 @@ class Call:
         """The whole call: ``/info`` when asked for, then the batches."""
         if not self.texts:
             return []
+        ask_model = self.learned.take_model_question()
         if self.learned.ask_info:
             yield from self._info()
+        elif ask_model:
+            yield from self._model_info()
         return (yield from self._fork(0, len(self.texts), self.learned.batch_size))
 
     def _info(self) -> Generator[Step, Any, None]:
@@ -130,6 +133,30 @@ class Call:
                 caused_by=cause,
                 batch_size=learned.batch_size,
             )
+
+    def _model_info(self) -> Generator[Step, Any, None]:
+        """Ask TEI's ``/info`` for the model name only. A failure costs the call nothing but
+        one ``rerank.model_unknown`` event (spans then carry no model name)."""
+        plan = self.plan
+        outcome = yield Send("GET", plan.base_url + "/info", plan.headers())
+        hay = self.hay()
+        cause: str | None
+        if isinstance(outcome, Reply) and outcome.is_success:
+            try:
+                cause = self.learned.apply_info(
+                    outcome.json(), lambda m: self._model(m, hay), batch=False
+                )
+            except (ValueError, RecursionError):
+                kind = outcome.headers.get("content-type", "unknown content-type")
+                cause = f"not JSON ({clean(kind, hay, plan.secrets, 80)})"
+        elif isinstance(outcome, Reply):
+            cause = f"HTTP {outcome.status_code}"
+        elif isinstance(outcome, RerankError):
+            cause = clean(str(outcome), hay, plan.secrets)
+        else:
+            cause = type(outcome).__name__ if outcome is not EXPIRED else "deadline"
+        if cause is not None:
+            log.info("rerank.model_unknown", provider=plan.provider, caused_by=cause)
 
     def _fork(self, start: int, stop: int, size: int) -> Flow:
         chunks = [(a, min(a + size, stop)) for a in range(start, stop, size)]

@@ -94,11 +94,14 @@ class Plan:
 class Learned:
     """What the server taught one client, shared by all its calls."""
 
-    def __init__(self, batch_size: int, *, ask_info: bool) -> None:
+    def __init__(self, batch_size: int, *, ask_info: bool, ask_model: bool = False) -> None:
         self._size = batch_size
         self._cap: int | None = None
         self.model: str | None = None
         self.ask_info = ask_info
+        # TEI names its model only in ``/info``: with no model configured, one call asks it
+        # (once per client, whatever the answer), so spans and metrics carry a model name.
+        self._ask_model = ask_model
         self._lock = threading.Lock()
 
     @property
@@ -106,8 +109,18 @@ class Learned:
         """Texts per request now: the configured (or ``/info``) size, lowered by a stated cap."""
         return self._size if self._cap is None else min(self._size, self._cap)
 
-    def apply_info(self, info: Any, clean: Callable[[str], str | None]) -> str | None:
-        """Take the batch cap and model from TEI's ``/info``; what was missing, else None.
+    def take_model_question(self) -> bool:
+        """Whether this call is the one to ask ``/info`` for the model (at most one per client,
+        also when calls start concurrently)."""
+        with self._lock:
+            ask, self._ask_model = self._ask_model, False
+        return ask
+
+    def apply_info(
+        self, info: Any, clean: Callable[[str], str | None], *, batch: bool = True
+    ) -> str | None:
+        """Take the model and, with `batch`, the batch cap from TEI's ``/info``; what was
+        missing, else None. Without `batch` the configured batch size is kept.
 
         The model id is server text: `clean` (the flow's sanitiser, which also caps it) is
         applied before it is kept, since it reaches spans and responses."""
@@ -116,6 +129,8 @@ class Learned:
         model_id = info.get("model_id")
         if isinstance(model_id, str) and model_id:
             self.model = clean(model_id) or None
+        if not batch:
+            return None if self.model else "no model_id"
         cap = info.get("max_client_batch_size")
         if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
             self._size = cap

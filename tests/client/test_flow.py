@@ -280,7 +280,7 @@ async def test_async_sub_batches_run_concurrently_up_to_max_concurrency() -> Non
     http = httpx.AsyncClient(transport=httpx.MockTransport(server))
     texts = [f"t{i}" for i in range(20)]
     async with AsyncRerankClient(
-        "http://r.test", http_client=http, batch_size=2, max_concurrency=3
+        "http://r.test", model="m", http_client=http, batch_size=2, max_concurrency=3
     ) as client:
         response = await client.rerank_response("q", texts)
     assert server.most == 3
@@ -293,7 +293,7 @@ async def test_one_failed_async_sub_batch_cancels_the_others_and_fails_the_call(
     http = httpx.AsyncClient(transport=httpx.MockTransport(server))
     texts = [f"t{i}" for i in range(8)]
     async with AsyncRerankClient(
-        "http://r.test", http_client=http, batch_size=2, max_concurrency=8
+        "http://r.test", model="m", http_client=http, batch_size=2, max_concurrency=8
     ) as client:
         with anyio.fail_after(10), pytest.raises(RerankStatusError, match="bad batch"):
             await client.rerank("q", texts)

@@ -300,6 +300,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
 def client_with(transport: httpx.MockTransport, clock: FakeClock, **kw: object) -> RerankClient:
     client = RerankClient(
         "http://reranker.test",
+        model="BAAI/bge-reranker-base",  # no /info question: every request is a rerank
         http_client=httpx.Client(transport=transport),
         **kw,  # type: ignore[arg-type]
     )

@@ -376,7 +376,11 @@ def test_tei_batch_size_refusal_in_either_status_teaches_the_cap(status: int) ->
         return httpx.Response(200, json=ranked("tei", list(range(len(texts)))[::-1]))
 
     http = httpx.Client(transport=httpx.MockTransport(handler))
-    with RerankClient("http://reranker.test", http_client=http, max_retries=0) as client:
+    # A model given: the client has no reason to ask /info, so every request is a batch.
+    model = "BAAI/bge-reranker-base"
+    with RerankClient(
+        "http://reranker.test", model=model, http_client=http, max_retries=0
+    ) as client:
         result = client.rerank(QUERY, TEXTS)
     assert seen[0] == 5
     assert all(n <= 2 for n in seen[1:])
