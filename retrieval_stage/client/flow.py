@@ -97,7 +97,8 @@ class Call:
         """The whole call: ``/info`` when asked for, then the batches."""
         if not self.texts:
             return []
-        ask_model = self.learned.take_model_question()
+        # The model name is for the span: asked only when one records (at most once a client).
+        ask_model = trace.get_current_span().is_recording() and self.learned.take_model_question()
         if self.learned.ask_info:
             yield from self._info()
         elif ask_model:

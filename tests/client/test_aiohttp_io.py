@@ -255,7 +255,10 @@ async def test_the_request_is_httpx_s_json_with_the_trace_context(
     async def answer(headers: dict[str, str], body: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(response(tei_scores(headers, body)))
 
-    async with loopback(answer) as (url, seen), AsyncRerankClient(url, batch_size=1) as client:
+    async with (
+        loopback(answer) as (url, seen),
+        AsyncRerankClient(url, batch_size=1, model="m") as client,
+    ):
         with provider.get_tracer("t").start_as_current_span("caller") as span:
             await client.rerank("q", texts)
     expected = httpx.Request("POST", url, json={"query": "q", "texts": [texts[0]]}).content

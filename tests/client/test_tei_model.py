@@ -49,13 +49,18 @@ def test_the_model_comes_from_info_asked_once_and_lands_on_the_span(
     ] * 3
 
 
-def test_concurrent_first_calls_of_an_async_client_ask_once(wm: WireMock) -> None:
+def test_concurrent_first_calls_of_an_async_client_ask_once(
+    wm: WireMock, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    tracer = spans[0].get_tracer("t")
+
     async def main() -> list[str | None]:
         async with AsyncRerankClient(_serve(wm)) as client:
-            responses = await asyncio.gather(
-                *(client.rerank_response("q", TEXTS) for _ in range(5))
-            )
-            await client.rerank_response("q", TEXTS)
+            with tracer.start_as_current_span("caller"):
+                responses = await asyncio.gather(
+                    *(client.rerank_response("q", TEXTS) for _ in range(5))
+                )
+                await client.rerank_response("q", TEXTS)
             return [r.model for r in responses]
 
     models = asyncio.run(main())
@@ -73,8 +78,23 @@ def test_a_configured_model_or_another_provider_never_asks(wm: WireMock) -> None
     assert [r["method"] for r in wm.requests()] == ["POST", "POST"]
 
 
-def test_a_failed_info_costs_the_call_nothing_and_is_not_asked_again(wm: WireMock) -> None:
-    with capture_logs() as logs, RerankClient(_serve(wm, info=False)) as client:
+def test_an_untraced_call_never_asks(wm: WireMock) -> None:
+    """The model name is for the span: with none recording, no ``/info`` is sent."""
+    with RerankClient(_serve(wm)) as client:
+        client.rerank("q", TEXTS)
+        client.rerank("q", TEXTS)
+    assert [r["method"] for r in wm.requests()] == ["POST", "POST"]
+
+
+def test_a_failed_info_costs_the_call_nothing_and_is_not_asked_again(
+    wm: WireMock, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    tracer = spans[0].get_tracer("t")
+    with (
+        capture_logs() as logs,
+        RerankClient(_serve(wm, info=False)) as client,
+        tracer.start_as_current_span("caller"),
+    ):
         first = client.rerank("q", TEXTS)
         client.rerank("q", TEXTS)
         assert client.model_name is None

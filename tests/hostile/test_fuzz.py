@@ -23,6 +23,8 @@ from retrieval_stage import PROVIDERS, RerankClient, RerankError
 from retrieval_stage.client.sanitize import server_text
 from tests.hostile.echo import DMARK, DOCS, KEY, QMARK, QUERY, leaked
 
+from ..hooks import hooked
+
 EXAMPLES = int(os.environ.get("RETRIEVAL_STAGE_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(
     max_examples=EXAMPLES,
@@ -138,9 +140,12 @@ def call(provider: str, status: int, head: dict[str, str], body: bytes) -> None:
     http = httpx.Client(transport=httpx.MockTransport(answer))
     # The retry's wait is decided (and fuzzed) but not slept: examples, not seconds.
     no_sleep = mock.patch("retrieval_stage.client.sync.time.sleep")
-    client = RerankClient(
-        "http://fuzz.invalid", provider=provider, model=model, api_key=KEY, http_client=http,
-        max_retries=1, timeout=5.0, random=lambda: 0.0,
+    client = hooked(
+        RerankClient(
+            "http://fuzz.invalid", provider=provider, model=model, api_key=KEY, http_client=http,
+            max_retries=1, timeout=5.0,
+        ),
+        random=lambda: 0.0,
     )  # fmt: skip
     try:
         with no_sleep:
