@@ -59,7 +59,8 @@ def test_phoenix_shows_one_trace_from_the_pipeline_through_the_model_batch(
     tour: tuple[Run, list[dict[str, Any]]],
 ) -> None:
     run, spans = tour
-    assert len(spans) == run.span_count + 2, "the demo's spans and the server's two"
+    # The server's request span, its model batch, and the traced client's one /info question.
+    assert len(spans) == run.span_count + 3, "the demo's spans and the server's three"
     chain = _named(spans, "pipeline")
     reranker = _named(spans, "rerank")
     server = _named(spans, "POST /rerank")
