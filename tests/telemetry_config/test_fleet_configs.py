@@ -9,6 +9,8 @@ document-content pattern against the attribute keys a real traced stage emits.
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 import shutil
 import subprocess
@@ -47,6 +49,12 @@ TIER_KEY = "retrieval_stage.tier"
 
 
 def load(path: Path) -> Any:
+    """A fresh copy of the parsed file (parsed once: ruamel's pure parser is slow)."""
+    return copy.deepcopy(_parsed(path))
+
+
+@functools.cache
+def _parsed(path: Path) -> Any:
     with path.open(encoding="utf-8") as f:
         return YAML(typ="safe", pure=True).load(f)
 
@@ -176,9 +184,10 @@ def test_enumerated_values_are_ones_the_pinned_collector_accepts() -> None:
     sampler = load(SAMPLER)["processors"]["tail_sampling"]
     drop = load(DROP)["processors"]["attributes/drop_document_content"]
 
-    assert load(GATEWAY)["exporters"]["loadbalancing"]["routing_key"] in values[
-        "loadbalancing.routing_key"
-    ]
+    assert (
+        load(GATEWAY)["exporters"]["loadbalancing"]["routing_key"]
+        in values["loadbalancing.routing_key"]
+    )
     for policy in sampler["policies"]:
         assert policy["type"] in values["tail_sampling.policy.type"], policy["name"]
         assert set(policy) == {"name", "type", policy["type"]}, policy["name"]
@@ -199,7 +208,8 @@ def test_pipelines_use_only_defined_components_and_every_one_is_used(name: str) 
 
     for pipeline_id, pipeline in config["service"]["pipelines"].items():
         assert pipeline_id.split("/")[0] in {"traces", "metrics", "logs"}, pipeline_id
-        assert pipeline.get("receivers") and pipeline.get("exporters"), pipeline_id
+        assert pipeline.get("receivers"), pipeline_id
+        assert pipeline.get("exporters"), pipeline_id
         for role in ("receivers", "processors", "exporters"):
             for component in pipeline.get(role) or []:
                 kind = "connectors" if component in defined["connectors"] else role
@@ -235,7 +245,8 @@ def test_red_metrics_are_computed_at_the_gateway_before_sampling() -> None:
         assert "loadbalancing" in traces["exporters"], name
         assert not any(p.startswith("tail_sampling") for p in config.get("processors", {}))
         metrics = config["service"]["pipelines"]["metrics"]
-        assert "spanmetrics" in metrics["receivers"] and "prometheus" in metrics["exporters"]
+        assert "spanmetrics" in metrics["receivers"]
+        assert "prometheus" in metrics["exporters"]
     sampler = load(SAMPLER)
     assert "connectors" not in sampler, "span metrics after sampling would undercount"
     assert sampler["service"]["pipelines"]["traces"]["processors"][0] == "tail_sampling"
@@ -289,7 +300,9 @@ def test_the_sampling_tier_keeps_errors_fallbacks_retries_slow_calls_and_a_basel
     assert errors["status_code"]["status_codes"] == ["ERROR"]
     (fallback,) = by_type["boolean_attribute"]
     assert fallback["boolean_attribute"] == {"key": keys.ATTR_FALLBACK, "value": True}
-    numeric = {p["numeric_attribute"]["key"]: p["numeric_attribute"] for p in by_type["numeric_attribute"]}
+    numeric = {
+        p["numeric_attribute"]["key"]: p["numeric_attribute"] for p in by_type["numeric_attribute"]
+    }
     assert numeric[keys.ATTR_RETRIES]["min_value"] == 1
     assert numeric[keys.ATTR_RETRIES]["max_value"] >= 1000
     assert numeric[TIER_KEY]["min_value"] == 1
@@ -325,7 +338,8 @@ def test_sampler_settings_come_from_compose_with_documented_defaults() -> None:
     }
     docs = (ROOT / "docs" / "scaling.md").read_text(encoding="utf-8")
     for name, value in values.items():
-        assert name in docs and name in text, name
+        assert name in docs, name
+        assert name in text, name
         assert value in text, f"{name}'s default {value} is not stated in {SAMPLER.name}"
 
 
@@ -356,7 +370,9 @@ def emitted_keys() -> set[str]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    stage = RerankStage(ByLength(provider="fake", model_name="m"), top_k=11, tracer_provider=provider)
+    stage = RerankStage(
+        ByLength(provider="fake", model_name="m"), top_k=11, tracer_provider=provider
+    )
     Pipeline(FixedRecall(), stage, recall_k=12, tracer_provider=provider).run("query")
     found: set[str] = set()
     for span in exporter.get_finished_spans():
@@ -423,7 +439,8 @@ def test_the_fleet_profile_runs_two_apps_a_gateway_and_a_sampling_tier() -> None
     assert fleet == {"app-fleet", "otel-gateway", "otel-sampler"}
     assert app["deploy"]["replicas"] == 2
     assert app["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-gateway:4318"
-    assert app["command"] == single_app["command"] and app["build"] == single_app["build"]
+    assert app["command"] == single_app["command"]
+    assert app["build"] == single_app["build"]
     for shared in ("tempo", "prometheus", "grafana"):
         assert "profiles" not in services[shared], f"{shared} runs in every mode"
     assert "tempo:4317" in SAMPLER.read_text(encoding="utf-8")
@@ -433,9 +450,12 @@ def test_the_fleet_profile_runs_two_apps_a_gateway_and_a_sampling_tier() -> None
     assert mounts[base.removeprefix("--config=")] == "../telemetry/otel-gateway.yaml"
     assert "${GATEWAY_DOCUMENT_CONTENT:-keep}" in overlay
     for choice, path in (("keep", KEEP), ("drop", DROP)):
-        chosen = overlay.removeprefix("--config=").replace("${GATEWAY_DOCUMENT_CONTENT:-keep}", choice)
+        chosen = overlay.removeprefix("--config=").replace(
+            "${GATEWAY_DOCUMENT_CONTENT:-keep}", choice
+        )
         assert mounts[chosen] == f"../telemetry/{path.name}"
-    assert not gateway.get("ports") and not services["otel-sampler"].get("ports")
+    assert not gateway.get("ports")
+    assert not services["otel-sampler"].get("ports")
 
 
 def compose_v2() -> list[str] | None:
