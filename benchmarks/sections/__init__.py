@@ -34,6 +34,7 @@ NAMES: tuple[str, ...] = (
     "breakdown",
     "transports",
     "rerank_server",
+    "span_size",
 )
 
 

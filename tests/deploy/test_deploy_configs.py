@@ -39,7 +39,11 @@ from ..fakes import ByLength, Failing
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yaml"
 DOCKERFILE_SERVER = ROOT / "docker" / "Dockerfile.server"
-BUILT = {"app": "docker/Dockerfile", "reranker": "docker/Dockerfile.server"}
+BUILT = {
+    "app": "docker/Dockerfile",
+    "app-fleet": "docker/Dockerfile",
+    "reranker": "docker/Dockerfile.server",
+}
 """The services compose builds from this repository, and their Dockerfiles."""
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 COLLECTOR = ROOT / "telemetry" / "otel-collector.yaml"
@@ -240,6 +244,9 @@ def test_compose_defines_the_stack_with_pinned_images() -> None:
         "grafana",
         "phoenix",
         "app",
+        "app-fleet",
+        "otel-gateway",
+        "otel-sampler",
     }
     for name, service in services.items():
         image = service.get("image")
@@ -252,6 +259,8 @@ def test_compose_defines_the_stack_with_pinned_images() -> None:
         assert tag not in {"", "latest"}, f"{name}: pin {image!r}"
         assert not re.fullmatch(r"\d+", tag), f"{name}: {image!r} pins only a major version"
     assert services["phoenix"]["profiles"] == ["phoenix"]
+    for name in ("app-fleet", "otel-gateway", "otel-sampler"):  # tests/telemetry_config
+        assert services[name]["profiles"] == ["fleet"], name
     assert services["tei"]["profiles"] == ["tei"], "TEI is opt-in: its image is often missing"
     assert services["tei"]["command"] == ["--model-id", "BAAI/bge-reranker-base"]
 
