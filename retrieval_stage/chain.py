@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar, cast
@@ -37,7 +38,7 @@ from opentelemetry.util.types import AttributeValue
 from . import shared_deadline, validate
 from ._args import snapshot
 from ._log import get_logger
-from ._redact import LIMIT, Hay, clean, scrubbed_message
+from ._redact import LIMIT, Hay, clean, scrubbed_message, shown_url
 from .breaker import (
     DEFAULT_COOLDOWN_S,
     DEFAULT_FAILURE_THRESHOLD,
@@ -70,6 +71,9 @@ DEFAULT_CHAIN_TIMEOUT_S = 30.0
 
 BACKSTOP_GRACE_S = 0.1
 """Seconds past the chain's deadline after which an async tier still running is cancelled."""
+
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+"""A URL quoted in free text: shown without userinfo, query or fragment (`shown_url`)."""
 
 SKIPPED_OPEN = "circuit_open"
 SKIPPED_DEADLINE = "deadline"
@@ -304,6 +308,7 @@ class _ChainCore:
         base_url = getattr(tier.reranker, "base_url", None)
         if isinstance(base_url, str):
             message = scrubbed_message(message, base_url)
+        message = _URL.sub(lambda m: shown_url(m.group(0)), message)
         return clean(message, call.hay(), limit=LIMIT)
 
     def _changed(self, tier: _Tier, change: Transition, caused_by: str | None) -> None:
