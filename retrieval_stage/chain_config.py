@@ -51,7 +51,9 @@ __all__ = [
     "CHAIN_TIMEOUT",
     "ENTRY_FIELDS",
     "FALLBACKS",
+    "FALLBACK_API_KEY",
     "ChainSettings",
+    "chain_values",
     "make_async_chain",
     "make_chain",
     "parse_fallbacks",
@@ -110,20 +112,8 @@ class ChainSettings:
         fallbacks, bad = parse_fallbacks(
             environ.get(FALLBACKS, ""), environ, timeout=primary.timeout
         )
-        problems: list[tuple[str, InvalidSetting]] = [(FALLBACKS, p) for p in bad]
-        chain: dict[str, Any] = {}
-        for key, field, parse in (
-            (CHAIN_TIMEOUT, "timeout", _seconds_above_zero),
-            (BREAKER_FAILURES, "failure_threshold", _count),
-            (BREAKER_COOLDOWN, "cooldown", _seconds),
-        ):
-            raw = environ.get(key, "").strip()
-            if not raw:
-                continue
-            try:
-                chain[field] = parse(raw, key)
-            except InvalidSetting as exc:
-                problems.append((key, exc))
+        chain, unreadable = chain_values(environ)
+        problems = [(FALLBACKS, p) for p in bad] + unreadable
         for key, problem in problems:
             if strict:
                 raise problem
@@ -135,6 +125,28 @@ class ChainSettings:
                 fallback="the other tiers (this one left out)" if entry else "the default",
             )
         return cls(tiers=(primary, *fallbacks), **chain)
+
+
+def chain_values(
+    environ: Mapping[str, str],
+) -> tuple[dict[str, Any], list[tuple[str, InvalidSetting]]]:
+    """`ChainSettings`' own fields from ``RERANK_CHAIN_TIMEOUT`` and ``RERANK_BREAKER_*``
+    (those set and readable), and (variable, refusal) for each that cannot be read."""
+    values: dict[str, Any] = {}
+    problems: list[tuple[str, InvalidSetting]] = []
+    for key, field, parse in (
+        (CHAIN_TIMEOUT, "timeout", _seconds_above_zero),
+        (BREAKER_FAILURES, "failure_threshold", _count),
+        (BREAKER_COOLDOWN, "cooldown", _seconds),
+    ):
+        raw = environ.get(key, "").strip()
+        if not raw:
+            continue
+        try:
+            values[field] = parse(raw, key)
+        except InvalidSetting as exc:
+            problems.append((key, exc))
+    return values, problems
 
 
 def parse_fallbacks(
