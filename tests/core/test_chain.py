@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from structlog.testing import capture_logs
 
 from retrieval_stage import (
     AsyncRerankerChain,
@@ -237,3 +238,33 @@ def test_sync_tiers_in_an_async_chain_run_in_a_thread() -> None:
     chain = AsyncRerankerChain([Failing(), Answering()])
     results = asyncio.run(chain.rerank("q", CANDS))
     assert [item.id for item, _ in results] == ["b", "a"]
+
+
+class FailingAsync:
+    provider = "flaky"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def rerank(self, query: str, items: Sequence[T], **kw: Any) -> list[tuple[T, float]]:
+        self.calls += 1
+        await asyncio.sleep(0)  # every task is in flight before any failure comes back
+        raise RerankError("down")
+
+
+def test_concurrent_tasks_open_the_circuit_once_and_all_get_their_answer() -> None:
+    failing = FailingAsync()
+
+    async def go() -> list[list[tuple[Candidate, float]]]:
+        chain = AsyncRerankerChain([failing, Answering()], failure_threshold=3, cooldown=60.0)
+        first = await asyncio.gather(*(chain.rerank("q", CANDS) for _ in range(40)))
+        assert chain.breakers[0].state is BreakerState.open
+        second = await asyncio.gather(*(chain.rerank("q", CANDS) for _ in range(10)))
+        return [*first, *second]
+
+    with capture_logs() as logs:
+        results = asyncio.run(go())
+    assert all([item.id for item, _ in r] == ["b", "a"] for r in results)
+    assert failing.calls == 40  # all in flight at once; then the open circuit stops the rest
+    opened = [e for e in logs if e["event"] == "rerank.breaker_opened"]
+    assert len(opened) == 1
