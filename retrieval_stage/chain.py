@@ -267,11 +267,20 @@ class _ChainCore:
         """The tier's answer as the chain's, or None (counted as its failure) when it breaks
         the contract: only the caller's own items, each once, with finite scores."""
         try:
-            # Checks identity and scores only, for any item type (Candidate is its usual one).
-            map_results(cast("Sequence[Candidate]", call.items), response.results, call.top_k)
+            try:
+                # Checks identity and scores only, for any item type (Candidate is the usual).
+                map_results(cast("Sequence[Candidate]", call.items), response.results, call.top_k)
+            except RerankProtocolError:
+                raise
+            except Exception as exc:  # not even a list of pairs (a user's reranker)
+                raise RerankProtocolError(
+                    f"tier {tier.index} answered something that is not a list of "
+                    f"(item, score) pairs ({type(exc).__name__})"
+                ) from None
         except RerankProtocolError as exc:
-            exc.requests, exc.retries = response.requests, response.retries
-            exc.batches = response.batches
+            exc.requests = getattr(response, "requests", 0)
+            exc.retries = getattr(response, "retries", 0)
+            exc.batches = getattr(response, "batches", 0)
             self._failed(call, tier, permit, exc)
             return None
         change = tier.breaker.success(permit)

@@ -268,3 +268,13 @@ def test_concurrent_tasks_open_the_circuit_once_and_all_get_their_answer() -> No
     assert failing.calls == 40  # all in flight at once; then the open circuit stops the rest
     opened = [e for e in logs if e["event"] == "rerank.breaker_opened"]
     assert len(opened) == 1
+
+
+def test_an_answer_that_is_not_even_a_list_counts_as_the_tiers_failure() -> None:
+    broken = Answering(lambda items: None)  # type: ignore[arg-type,return-value]
+    chain = RerankerChain([broken, Answering()], failure_threshold=1, cooldown=0.0)
+    assert [item.id for item, _ in chain.rerank("q", CANDS)] == ["b", "a"]
+    assert chain.breakers[0].state is BreakerState.open
+    chain.rerank("q", CANDS)  # cooldown 0: the probe goes out, fails, and frees its slot
+    assert broken.calls == 2
+    assert chain.breakers[0].state is BreakerState.open
