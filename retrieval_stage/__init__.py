@@ -6,9 +6,11 @@ when the reranker fails.
 """
 
 from ._version import __version__
+from .chain import AsyncRerankerChain, RerankerChain
 from .client import AsyncRerankClient, RerankClient
 from .client.providers import PROVIDERS
 from .errors import (
+    RerankChainError,
     RerankClientClosedError,
     RerankError,
     RerankProtocolError,
@@ -25,8 +27,10 @@ __all__ = [
     "AsyncNullReranker",
     "AsyncRerankClient",
     "AsyncReranker",
+    "AsyncRerankerChain",
     "Candidate",
     "NullReranker",
+    "RerankChainError",
     "RerankClient",
     "RerankClientClosedError",
     "RerankError",
@@ -37,6 +41,7 @@ __all__ = [
     "RerankTransportError",
     "Reranked",
     "Reranker",
+    "RerankerChain",
     "Usage",
     "__version__",
 ]

@@ -37,7 +37,8 @@ def _config(f: Mapping[str, Any]) -> str:
     setting = str(f["key"])
     if "value" in f and repr(f["value"]) not in str(f["reason"]):
         setting += f"={f['value']!r}"
-    return f"{setting}: {f['reason']}; using {f['fallback']} (no reranking)"
+    off = " (no reranking)" if f["fallback"] in ("NullReranker", "AsyncNullReranker") else ""
+    return f"{setting}: {f['reason']}; using {f['fallback']}{off}"
 
 
 def _undelivered(f: Mapping[str, Any]) -> str:

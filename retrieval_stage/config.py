@@ -23,6 +23,9 @@ Variables (all optional):
 ``RERANK_TIMEOUT``         seconds for a whole call, retries included (default 30)
 ``RERANK_BATCH_SIZE``      texts per request: a positive integer, ``auto`` (ask TEI's
                            ``/info``), or empty for the provider's documented cap
+``RERANK_FALLBACKS``       tiers tried after this one, each behind a circuit breaker
+                           (`chain_config`: the list's form, ``RERANK_API_KEY_<n>``,
+                           ``RERANK_CHAIN_TIMEOUT``, ``RERANK_BREAKER_*``)
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ log = get_logger("retrieval_stage.config")
 _L = TypeVar("_L")
 
 if TYPE_CHECKING:
+    from .chain import AsyncRerankerChain, RerankerChain
     from .local import AsyncCrossEncoderReranker, CrossEncoderReranker
 
 ENDPOINT = "RERANK_ENDPOINT"
@@ -61,6 +65,7 @@ API_KEY = "RERANK_API_KEY"
 API_KEY_HEADER = "RERANK_API_KEY_HEADER"
 TIMEOUT = "RERANK_TIMEOUT"
 BATCH_SIZE = "RERANK_BATCH_SIZE"
+FALLBACKS = "RERANK_FALLBACKS"
 
 LOCAL = validate.LOCAL_PROVIDER
 """The provider that runs a cross-encoder in process (the [local] extra); takes no endpoint."""
@@ -276,16 +281,23 @@ class RerankSettings:
 
 def make_reranker(
     settings: RerankSettings | None = None, *, strict: bool = False
-) -> RerankClient | NullReranker | CrossEncoderReranker:
+) -> RerankClient | NullReranker | CrossEncoderReranker | RerankerChain:
     """A `RerankClient` for `settings` (default: `RerankSettings.from_env`), else `NullReranker`.
 
     ``RERANK_PROVIDER=local`` (no endpoint) gives the in-process `CrossEncoderReranker` with
     ``RERANK_MODEL`` (default ``cross-encoder/ms-marco-MiniLM-L-6-v2``); without the [local]
     extra that fails open to `NullReranker` like any unreadable configuration.
 
+    Read from the environment with ``RERANK_FALLBACKS`` set, the result is a `RerankerChain`
+    over the primary and the fallbacks (`chain_config.make_chain`).
+
     `strict` applies when reading the environment: see `RerankSettings.from_env`. Close the
     result when done (``with make_reranker() as reranker: ...`` works for both kinds).
     """
+    if settings is None and os.environ.get(FALLBACKS, "").strip():
+        from .chain_config import make_chain
+
+        return make_chain(strict=strict)
     if settings is None:
         settings = RerankSettings.from_env(strict=strict)
     if not settings.enabled:
@@ -299,12 +311,16 @@ def make_reranker(
 
 def make_async_reranker(
     settings: RerankSettings | None = None, *, strict: bool = False
-) -> AsyncRerankClient | AsyncNullReranker | AsyncCrossEncoderReranker:
+) -> AsyncRerankClient | AsyncNullReranker | AsyncCrossEncoderReranker | AsyncRerankerChain:
     """The awaitable twin of `make_reranker`: `AsyncRerankClient`, else `AsyncNullReranker`.
 
     The null choice is awaitable too, so ``await reranker.rerank(...)`` works whichever is
     configured (``async with make_async_reranker() as reranker: ...`` as well).
     """
+    if settings is None and os.environ.get(FALLBACKS, "").strip():
+        from .chain_config import make_async_chain
+
+        return make_async_chain(strict=strict)
     if settings is None:
         settings = RerankSettings.from_env(strict=strict)
     if not settings.enabled:

@@ -9,9 +9,11 @@ request headers, and server text has the key replaced before it is quoted.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
+    "RerankChainError",
     "RerankClientClosedError",
     "RerankError",
     "RerankProtocolError",
@@ -113,6 +115,36 @@ class RerankProtocolError(RerankError):
 class RerankClientClosedError(RerankError):
     """The client can no longer send: it was closed, or (async) the event loop it was used in
     has closed. The message says what to do; the stage falls back as for any rerank failure."""
+
+
+@dataclass(frozen=True, slots=True)
+class TierFailure:
+    """Why one tier of a `RerankerChain` gave no answer: `cause` is the exception's type name,
+    or ``circuit_open`` / ``deadline`` for a tier skipped without a request; `message` is
+    sanitised (no key, no echo of the query or documents)."""
+
+    tier: int
+    provider: str | None
+    cause: str
+    message: str
+
+
+class RerankChainError(RerankError):
+    """Every tier of a `RerankerChain` failed or was skipped: `failures` says why, tier by
+    tier; `requests`, `retries` and `batches` add up what the tiers spent. The stage then
+    falls back to recall order, as for any `RerankError`."""
+
+    def __init__(self, failures: tuple[TierFailure, ...]) -> None:
+        self.failures = failures
+        parts = [
+            f"tier {f.tier}" + (f" ({f.provider})" if f.provider else "") + f": {f.message}"
+            for f in failures
+        ]
+        super().__init__("every tier of the reranker chain failed: " + "; ".join(parts))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = {"requests": self.requests, "retries": self.retries, "batches": self.batches}
+        return (type(self), (self.failures,), state)
 
 
 def _status_error(

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
 
-from .spans.keys import ATTR_PROVIDER
+from .spans.keys import ATTR_PROVIDER, ATTR_TIER
 from .spans.otel_private import metrics_configured
 
 if TYPE_CHECKING:
     from .quality import RerankQuality
 
-__all__ = ["RerankMetrics"]
+__all__ = ["ChainMetrics", "RerankMetrics"]
 
 METER_NAME = "retrieval_stage"
 
@@ -39,6 +39,8 @@ TOPK_OVERLAP = "retrieval_stage.rerank.topk_overlap"
 MAX_PROMOTION = "retrieval_stage.rerank.max_promotion"
 TOP_SCORE = "retrieval_stage.rerank.top_score"
 SCORE_MARGIN = "retrieval_stage.rerank.score_margin"
+TIER_CALLS = "retrieval_stage.rerank.tier.calls"
+BREAKER_OPENINGS = "retrieval_stage.rerank.breaker.openings"
 
 ATTR_MODEL = "retrieval_stage.model"
 ATTR_OUTCOME = "retrieval_stage.outcome"
@@ -223,6 +225,50 @@ class RerankMetrics:
         ):
             if value is not None:
                 histogram.record(value, attributes)
+
+
+class ChainMetrics:
+    """A `RerankerChain`'s instruments: what each tier was asked and how it went, and how
+    often a tier's circuit opened. No-ops unless a MeterProvider is configured.
+
+    Every point carries the tier's index (`ATTR_TIER`), its provider and its configured model
+    (never a server's string); a tier call's ``retrieval_stage.outcome`` is ``ok``, ``error``
+    (a `RerankError`), ``skipped_open`` (its circuit was open: no request) or
+    ``skipped_deadline`` (the chain's deadline had run out before its turn).
+    """
+
+    def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
+        provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
+        meter = provider.get_meter(METER_NAME)
+        self._calls = meter.create_counter(
+            TIER_CALLS,
+            unit="{call}",
+            description="Calls a reranker chain made (or skipped) per tier, by outcome.",
+        )
+        self._openings = meter.create_counter(
+            BREAKER_OPENINGS,
+            unit="{opening}",
+            description="Times a reranker chain's tier circuit opened (its tier then skipped).",
+        )
+
+    def tier_call(
+        self, tier: int, outcome: str, *, provider: str | None, model: str | None
+    ) -> None:
+        """Count one call of (or skip over) `tier`."""
+        self._calls.add(1, {**_tier_labels(tier, provider, model), ATTR_OUTCOME: outcome})
+
+    def breaker_opened(self, tier: int, *, provider: str | None, model: str | None) -> None:
+        """Count one opening of `tier`'s circuit."""
+        self._openings.add(1, _tier_labels(tier, provider, model))
+
+
+def _tier_labels(tier: int, provider: str | None, model: str | None) -> dict[str, str | int]:
+    labels: dict[str, str | int] = {ATTR_TIER: tier}
+    if provider is not None:
+        labels[ATTR_PROVIDER] = provider
+    if model is not None:
+        labels[ATTR_MODEL] = model
+    return labels
 
 
 def __getattr__(name: str) -> Any:

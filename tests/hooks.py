@@ -28,3 +28,12 @@ def hooked(
         clock=plan.clock if clock is None else clock,
     )
     return client
+
+
+def hooked_chain(chain: C, *, clock: Callable[[], float]) -> C:
+    """`chain` (a `RerankerChain` or `AsyncRerankerChain`) itself, its deadline and every
+    tier's breaker on `clock` (seconds, as `time.monotonic`)."""
+    chain._clock = clock  # type: ignore[attr-defined]
+    for breaker in chain.breakers:  # type: ignore[attr-defined]
+        breaker._clock = clock
+    return chain

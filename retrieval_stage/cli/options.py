@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,9 +89,10 @@ class RerankOptions:
     """What the shared options say: the reranker's settings, the choice without an endpoint,
     where spans go and how much to log. Settings are checked by `RerankSettings`, not here."""
 
-    endpoint: str | None = None
-    provider: str = "tei"
-    model: str | None = None
+    endpoint: list[str] | None = None
+    """Every --endpoint given, in order: the first is the primary, the rest its fallbacks."""
+    provider: list[str] | None = None
+    model: list[str] | None = None
     api_key: str | None = None
     api_key_header: str | None = None
     timeout: float = 30.0
@@ -104,33 +106,36 @@ class RerankOptions:
 
 _SHARED: dict[str, Any] = {
     "endpoint": Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             "--endpoint",
-            envvar="RERANK_ENDPOINT",
             help="Base URL of a rerank service, e.g. TEI at http://localhost:8080. "
-            "Without it the reranker runs in this process (see --reranker).",
+            "Repeat it for fallbacks, tried in order when one fails, each behind a circuit "
+            "breaker. Without it the reranker runs in this process (see --reranker). "
+            "[env var: RERANK_ENDPOINT, one URL]",
             show_default=False,
         ),
     ],
     "provider": Annotated[
-        str,
+        list[str] | None,
         typer.Option(
             "--provider",
-            envvar="RERANK_PROVIDER",
             help=f"Wire format of --endpoint: {', '.join(PROVIDERS)}; or '{LOCAL}' (no "
-            "--endpoint): the cross-encoder in process, like --reranker local.",
+            "--endpoint): the cross-encoder in process, like --reranker local. With several "
+            "--endpoint: once for all, or once per --endpoint, in their order. [env var: "
+            "RERANK_PROVIDER] [default: tei]",
+            show_default=False,
         ),
     ],
     "model": Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             "--model",
-            envvar="RERANK_MODEL",
-            help="With --endpoint: the model name sent to the service. Without: the "
+            help="With --endpoint: the model name sent to the service (with several: once "
+            "for all, or once per --endpoint). Without: the "
             "in-process model, a Hugging Face id, an installed model package or a model "
             "directory (default: cross-encoder/ms-marco-MiniLM-L-6-v2 for --reranker local, "
-            "sentence-transformers/all-MiniLM-L6-v2 for embedding).",
+            "sentence-transformers/all-MiniLM-L6-v2 for embedding). [env var: RERANK_MODEL]",
             show_default=False,
         ),
     ],
@@ -139,7 +144,8 @@ _SHARED: dict[str, Any] = {
         typer.Option(
             "--api-key",
             envvar="RERANK_API_KEY",
-            help="Credential for --endpoint (see --api-key-header). Prefer the variable.",
+            help="Credential for the first --endpoint (see --api-key-header); the n-th "
+            "fallback's is read from RERANK_API_KEY_<n> only. Prefer the variable.",
             show_default=False,
         ),
     ],
@@ -222,6 +228,14 @@ _SHARED: dict[str, Any] = {
 }
 
 
+_REPEATABLE_ENV = {
+    "endpoint": "RERANK_ENDPOINT",
+    "provider": "RERANK_PROVIDER",
+    "model": "RERANK_MODEL",
+}
+"""The repeatable options' variables, read here as one value each when the option is absent."""
+
+
 def with_rerank_options(command: Callable[..., None]) -> Callable[..., None]:
     """`command` (which takes ``options: RerankOptions``) with the shared options appended to
     its signature, so Typer offers them on every command that uses this."""
@@ -242,6 +256,11 @@ def with_rerank_options(command: Callable[..., None]) -> Callable[..., None]:
     def wrapper(**kwargs: Any) -> None:
         kwargs.pop("help_all", None)  # Typer passes an eager flag's value even unexposed
         values = {name: kwargs.pop(name) for name in _SHARED}
+        for name, variable in _REPEATABLE_ENV.items():
+            # A repeatable option's variable is one value, never split at spaces (click's
+            # rule for lists): a model directory may hold one.
+            if not values[name] and os.environ.get(variable, "").strip():
+                values[name] = [os.environ[variable]]
         command(options=RerankOptions(**values), **kwargs)
 
     parameters = [*own, *shared, help_all_parameter()]

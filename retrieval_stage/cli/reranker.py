@@ -20,6 +20,8 @@ from typing import Any
 from rich.text import Text
 
 from .._redact import scrubbed_message, shown_url
+from ..chain import RerankerChain
+from ..chain_config import FALLBACKS, ChainSettings, chain_values, make_chain, parse_fallbacks
 from ..client import RerankClient
 from ..config import LOCAL, RerankSettings, make_reranker
 from ..errors import RerankError
@@ -27,7 +29,14 @@ from ..validate import InvalidSetting
 from .console import COMPOSE_HINT, EXIT_FAILURE, EXIT_USAGE, err, fail
 from .options import OPTION_OF_FIELD, RerankerChoice, RerankOptions
 
-__all__ = ["Chosen", "choose_reranker", "quiet_model_loading", "recall_embedder", "settings_of"]
+__all__ = [
+    "Chosen",
+    "choose_reranker",
+    "quiet_model_loading",
+    "recall_embedder",
+    "settings_of",
+    "tiers_of",
+]
 
 EMBEDDING_WHAT = "cosine of sentence embeddings: a bi-encoder, not a cross-encoder"
 
@@ -74,30 +83,76 @@ def quiet_model_loading() -> None:
 
 
 def settings_of(options: RerankOptions) -> RerankSettings:
-    """The options as `RerankSettings`, checked by its rules; exit 2 naming the option."""
-    try:
-        return RerankSettings(
-            endpoint=options.endpoint or "",
-            provider=options.provider,
-            model=options.model,
-            api_key=options.api_key,
-            api_key_header=options.api_key_header or "",
-            timeout=options.timeout,
-            batch_size=options.batch_size,  # type: ignore[arg-type] # text: parsed there
-        )
-    except InvalidSetting as exc:
-        option = OPTION_OF_FIELD.get(exc.field, exc.field)
-        fail(EXIT_USAGE, f"{option}: {scrubbed_message(exc.reason, options.endpoint)}")
+    """The options as `RerankSettings` (the first --endpoint's), checked by its rules; exit 2
+    naming the option."""
+    return tiers_of(options)[0]
+
+
+def tiers_of(options: RerankOptions) -> list[RerankSettings]:
+    """One `RerankSettings` per --endpoint, in order (one, disabled, without any); when one
+    endpoint is given, the tiers ``RERANK_FALLBACKS`` lists follow it. --provider and --model
+    are given once for every endpoint or once per endpoint; the first endpoint's key is
+    --api-key, the n-th fallback's ``RERANK_API_KEY_<n>``. Exit 2 naming what is wrong."""
+    endpoints = options.endpoint or [""]
+    count = len(endpoints)
+    providers = _per_endpoint(options.provider, count, "--provider")
+    models = _per_endpoint(options.model, count, "--model")
+    tiers: list[RerankSettings] = []
+    for n, endpoint in enumerate(endpoints):
+        try:
+            tiers.append(
+                RerankSettings(
+                    endpoint=endpoint,
+                    provider=providers[n] or "tei",
+                    model=models[n],
+                    api_key=options.api_key if n == 0 else os.environ.get(f"RERANK_API_KEY_{n}"),
+                    api_key_header=(options.api_key_header or "") if n == 0 else "",
+                    timeout=options.timeout,
+                    batch_size=options.batch_size,  # type: ignore[arg-type] # text: parsed
+                )
+            )
+        except InvalidSetting as exc:
+            option = OPTION_OF_FIELD.get(exc.field, exc.field)
+            if exc.field == "api_key" and n > 0:
+                option = f"RERANK_API_KEY_{n}"
+            which = f" (--endpoint {n + 1} of {count}, {shown_url(endpoint)})" if count > 1 else ""
+            fail(EXIT_USAGE, f"{option}{which}: {scrubbed_message(exc.reason, endpoint)}")
+    listed = os.environ.get(FALLBACKS, "")
+    if count == 1 and tiers[0].enabled and listed.strip():
+        fallbacks, problems = parse_fallbacks(listed, os.environ, timeout=options.timeout)
+        if problems:
+            fail(EXIT_USAGE, str(problems[0]))
+        tiers += fallbacks
+    return tiers
+
+
+def _per_endpoint(values: list[str] | None, count: int, option: str) -> list[str | None]:
+    """`values` spread over `count` endpoints: none, one for all, or one each."""
+    if not values:
+        return [None] * count
+    if len(values) == 1:
+        return [values[0]] * count
+    if len(values) == count:
+        return list(values)
+    fail(
+        EXIT_USAGE,
+        f"{option} is given {len(values)} times for {count} --endpoint: give it once (for "
+        "every endpoint) or once per --endpoint, in the same order",
+    )
 
 
 def choose_reranker(options: RerankOptions) -> Chosen:
-    """An HTTP client for the endpoint; else the local cross-encoder, the embedding reranker
-    or the lexical fallback, as ``--reranker`` says (``auto``: the first that loads)."""
-    settings = settings_of(options)
+    """An HTTP client for the endpoint (a chain over several); else the local cross-encoder,
+    the embedding reranker or the lexical fallback, as ``--reranker`` says (``auto``: the
+    first that loads)."""
+    tiers = tiers_of(options)
+    settings = tiers[0]
     choice = options.reranker
     if settings.endpoint:
         if choice not in (RerankerChoice.auto, RerankerChoice.endpoint):
             fail(EXIT_USAGE, f"--reranker {choice.value} cannot be combined with --endpoint")
+        if len(tiers) > 1:
+            return _chain(tiers)
         return _endpoint(settings)
     if choice is RerankerChoice.endpoint:
         fail(EXIT_USAGE, "--reranker endpoint needs --endpoint URL (or RERANK_ENDPOINT)")
@@ -112,6 +167,28 @@ def choose_reranker(options: RerankOptions) -> Chosen:
     if choice is RerankerChoice.embedding:
         return _embedding(settings.model, strict=True)[0] or _unreachable()
     return _auto(local)
+
+
+def _chain(tiers: list[RerankSettings]) -> Chosen:
+    """A `RerankerChain` over the tiers, with the chain settings of ``RERANK_CHAIN_TIMEOUT``
+    and ``RERANK_BREAKER_*`` (exit 2 naming one that cannot be read)."""
+    values, problems = chain_values(os.environ)
+    if problems:
+        fail(EXIT_USAGE, str(problems[0][1]))
+    try:
+        chain = make_chain(ChainSettings(tiers=tuple(tiers), **values), strict=True)
+    except (TypeError, ValueError) as exc:  # a client's own checks
+        fail(EXIT_USAGE, str(exc))
+    assert isinstance(chain, RerankerChain)
+    label = "a chain of " + ", then ".join(_tier_label(t) for t in tiers)
+    return Chosen(chain, label, close=chain.close)
+
+
+def _tier_label(settings: RerankSettings) -> str:
+    if settings.provider == LOCAL:
+        return f"local cross-encoder {settings.model or ''}".rstrip()
+    shown = f" model {settings.model}" if settings.model else ""
+    return f"{settings.provider} at {shown_url(settings.endpoint)}{shown}"
 
 
 def _unreachable() -> Chosen:  # pragma: no cover - strict choices exit instead

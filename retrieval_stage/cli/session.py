@@ -280,9 +280,9 @@ def _not_said_twice(_: Any, __: str, event: Any) -> Any:
     return event
 
 
-def _logging(level: str, endpoint: str | None = None) -> None:
-    """JSON logs on stderr (rendered for a terminal), with `endpoint`'s secrets scrubbed: a
-    logged error can quote a service that echoed the request URL."""
+def _logging(level: str, endpoints: Sequence[str] | None = None) -> None:
+    """JSON logs on stderr (rendered for a terminal), with the `endpoints`' secrets scrubbed:
+    a logged error can quote a service that echoed the request URL."""
     import structlog
 
     from ..telemetry import configure_logging
@@ -295,13 +295,16 @@ def _logging(level: str, endpoint: str | None = None) -> None:
     if logging.getLevelName(level.upper()) >= logging.WARNING:
         processors.append(_not_said_twice)
     structlog.configure(processors=[*processors, renderer])
-    if not endpoint:
+    if not endpoints:
         return
 
+    def scrubbed(value: str) -> str:
+        for endpoint in endpoints:
+            value = scrubbed_message(value, endpoint)
+        return value
+
     def scrub(_: Any, __: str, event: structlog.types.EventDict) -> structlog.types.EventDict:
-        return {
-            k: scrubbed_message(v, endpoint) if isinstance(v, str) else v for k, v in event.items()
-        }
+        return {k: scrubbed(v) if isinstance(v, str) else v for k, v in event.items()}
 
     *processors, renderer = structlog.get_config()["processors"]
     structlog.configure(processors=[*processors, scrub, renderer])

@@ -15,7 +15,7 @@ from typing import Generic, Literal, TypeVar
 
 import httpx
 
-from .. import validate
+from .. import shared_deadline, validate
 from .._args import check_sendable, rank, snapshot
 from .._redact import masked_url
 from ..errors import RerankClientClosedError
@@ -190,7 +190,10 @@ class ClientCore(Generic[H]):
             raise RerankClientClosedError(CLOSED.format(cls=type(self).__name__))
         kept, texts, cap = snapshot(query, items, text, top_k)
         check_sendable(query, texts)
-        deadline = Deadline(self.timeout, self._plan.clock)
+        # Inside a `RerankerChain` the call gets at most what the chain's deadline has left.
+        shared = shared_deadline.remaining()
+        seconds = self.timeout if shared is None else min(self.timeout, shared)
+        deadline = Deadline(seconds, self._plan.clock)
         # `time.time` is looked up per call, so a test's fake clock reaches Retry-After dates.
         return kept, Call(self._plan, self._learned, query, texts, cap, deadline, time.time)
 

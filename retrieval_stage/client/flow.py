@@ -215,9 +215,12 @@ class Call:
 
     def deadline_error(self) -> RerankTransportError:
         """The call ran out of time; says which setting bounds it."""
+        within = f"the {self.plan.timeout:g} s deadline"
+        if self.deadline.seconds < self.plan.timeout:  # cut short by a chain's deadline
+            within = f"the {self.deadline.seconds:.3g} s a shared deadline left"
         return RerankTransportError(
-            f"no answer within the {self.plan.timeout:g} s deadline "
-            f"(timeout={self.plan.timeout}) after {self.requests} request(s)",
+            f"no answer within {within} (timeout={self.plan.timeout}) "
+            f"after {self.requests} request(s)",
             kind="deadline",
         )
 

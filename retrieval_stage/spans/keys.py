@@ -20,6 +20,7 @@ __all__ = [
     "ATTR_REQUESTS",
     "ATTR_RETRIES",
     "ATTR_RETRIEVAL_OMITTED",
+    "ATTR_TIER",
     "ATTR_TOP1_CHANGED",
     "ATTR_USAGE_SEARCH_UNITS",
     "ATTR_USAGE_TOTAL_TOKENS",
@@ -30,6 +31,9 @@ ATTR_DOCUMENTS = "retrieval_stage.documents"
 ATTR_FALLBACK = "retrieval_stage.fallback"
 """True on a RERANKER span whose stage returned recall order, and on the CHAIN span above it."""
 ATTR_CANCELLED = "retrieval_stage.cancelled"
+ATTR_TIER = "retrieval_stage.tier"
+"""Which tier of a `RerankerChain` answered (0 the primary), on the RERANKER span and on the
+chain's events, metric points and log lines."""
 ATTR_TOP1_CHANGED = "retrieval_stage.top1_changed"
 ATTR_REQUESTS = "retrieval_stage.requests"
 ATTR_RETRIES = "retrieval_stage.retries"

@@ -15,6 +15,7 @@ def test_all_lists_exactly_the_public_names() -> None:
         "NullReranker", "RerankClient", "RerankClientClosedError", "RerankError",
         "RerankProtocolError", "RerankResponse", "RerankStage", "RerankStatusError",
         "RerankTransportError", "Reranked", "Reranker", "Usage", "PROVIDERS", "__version__",
+        "RerankerChain", "AsyncRerankerChain", "RerankChainError",
     }  # fmt: skip
     assert set(retrieval_stage.__all__) == public
     assert len(retrieval_stage.__all__) == len(public), "a name listed twice"
@@ -29,6 +30,7 @@ def test_error_tree() -> None:
         "RerankStatusError",
         "RerankProtocolError",
         "RerankClientClosedError",
+        "RerankChainError",
     ):
         assert issubclass(getattr(retrieval_stage, name), base)
 

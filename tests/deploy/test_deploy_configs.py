@@ -424,7 +424,7 @@ def test_compose_app_runs_the_demo_against_the_reranker_service_and_the_collecto
     sub = group.get_command(ctx, command[0])  # type: ignore[attr-defined]
     assert sub is not None
     params = sub.make_context(command[0], list(command[1:])).params
-    assert params["endpoint"] == "http://reranker:8080"
+    assert params["endpoint"] == ["http://reranker:8080"]  # repeatable: the first is the primary
     assert params["repeat"] > 1, "the demo keeps traffic flowing into the dashboards"
     assert app["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318"
     assert app["depends_on"]["reranker"]["condition"] == "service_healthy"
