@@ -34,6 +34,8 @@ NAMES: tuple[str, ...] = (
     "breakdown",
     "transports",
     "rerank_server",
+    "quality",
+    "quality_corpus",
 )
 
 
