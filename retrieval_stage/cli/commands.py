@@ -32,7 +32,7 @@ from ..errors import RerankError
 from ..models import Candidate
 from .console import EXIT_DEGRADED, EXIT_FAILURE, EXIT_USAGE, err, fail, note, out
 from .failure import Witness, backoff_s
-from .help import MAX_WIDTH
+from .help import MAX_WIDTH, HelpCommand
 from .inputs import check_text, read_candidates
 from .options import (
     SERVICE_NAME,
@@ -721,7 +721,9 @@ def _print_report(report: Any, chosen: Chosen, inputs: _EvalInputs) -> None:
 
 
 # The rerank server (retrieval_stage.server, the [server] extra), defined in cli/serve.py.
-app.command("serve", cls=Command)(serve)
+# Its own options only (no shared reranker/telemetry set behind --help-all): --reranker,
+# --model, --project and --log-level are serve's, and --help shows them.
+app.command("serve", cls=HelpCommand)(serve)
 
 
 def main() -> None:

@@ -58,6 +58,13 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ),
         ("the report as JSON", "eval --json"),
     ],
+    "serve": [
+        ("the packaged MiniLM on 127.0.0.1:8080, TEI's API", "serve"),
+        (
+            "a cross-encoder from a model folder, on port 8082",
+            "serve --reranker local --model DIR --port 8082",
+        ),
+    ],
     "": [
         ("does it run? (offline)", "demo"),
         ("what did it change?", "rerank -q QUERY -i examples/candidates.jsonl"),
