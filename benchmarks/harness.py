@@ -44,7 +44,9 @@ Run with ``python -m benchmarks`` from the repository root (see benchmarks/READM
   cohere SDK, same provider and exporter;
 - fanout: 512 texts in batches of 32 behind 20 ms, async client vs raw httpx under the same
   bound; memory: RSS over 10,000 traced async calls;
-- context: untraced peer clients (peers) and an in-process CPU breakdown (breakdown).
+- context: untraced peer clients (peers) and an in-process CPU breakdown (breakdown);
+- quality: the label-free quality signals per 50-document call (issue 28's <= 20 µs), min of
+  many short rounds; quality_corpus: their values on the bundled corpus per reranker.
 
 Variants are interleaved round by round (so drift hits all of them alike); wall and CPU time
 (process time: every thread, so the exporter's counts) are kept per round, and ratios are

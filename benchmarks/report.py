@@ -50,7 +50,7 @@ def table(results: dict[str, Any]) -> str:
         f"{name} {average:.2f}" for name, average in results.get("section_load", {}).items()
     )
     return (
-        "Targets (issues 15 and 26), ratios per interleaved round: median (range)\n\n"
+        "Targets (issues 15, 26 and 28), ratios per interleaved round: median (range)\n\n"
         + markdown(targets)
         + f"\n\nEverything else\n\n{markdown(rows)}\n\n"
         + f"1-minute load average at each section's start: {loads}"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import metrics
 
+from ._version import __version__
 from .spans.keys import ATTR_PROVIDER, ATTR_TIER
 from .spans.otel_private import metrics_configured
 
@@ -91,8 +92,8 @@ class RerankMetrics:
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
         self._meter_provider = meter_provider
-        provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
-        meter = provider.get_meter(METER_NAME)
+        # The API's own lookup: `meter_provider`, else the global one (a proxy until set).
+        meter = metrics.get_meter(METER_NAME, __version__, meter_provider)
         self._duration = meter.create_histogram(
             DURATION,
             unit="s",
@@ -238,8 +239,7 @@ class ChainMetrics:
     """
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
-        provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
-        meter = provider.get_meter(METER_NAME)
+        meter = metrics.get_meter(METER_NAME, __version__, meter_provider)
         self._calls = meter.create_counter(
             TIER_CALLS,
             unit="{call}",

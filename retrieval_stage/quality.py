@@ -19,8 +19,10 @@ have collapsed (every pair 0.5).
   up from below the recall top-k).
 - `top_score`, `score_margin`: the best rerank score, and the best minus the second best.
 
-Everything here is pure and cheap (tens of µs for 50 candidates in CPython, about what the
-stage's own result check costs; ``benchmarks/quality.py``), so it can run on every traced call.
+Everything here is pure and cheap, so it can run on every traced call: `rerank_quality`
+derives all five signals from one list (each scored candidate's recall rank, in rerank order)
+with C-speed building blocks; for 50 candidates it costs less than the stage's own result check
+(``python -m benchmarks --only quality``; figures in docs/quality.md).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from operator import attrgetter, ge, gt, lt
+from operator import ge, gt, lt, neg
 from typing import Any
 
 from .models import Candidate, recall_order
@@ -102,10 +104,8 @@ def _tau_b_y_descending(x: Sequence[float], y: Sequence[float], *, ties_y: int) 
     """`kendall_tau_b` for `y` sorted high to low (a reranker's scores, best first), with
     `ties_y` its tied pairs.
 
-    Walking down `y`, `below` holds, sorted, the x of every pair with a strictly greater y: a
-    pair is discordant with each of those whose x is smaller and concordant with each whose x
-    is larger. `bisect` and `list.insert` do the inner loop in C (Knight's counting without the
-    merge sort), so 50 pairs cost a few microseconds instead of the n² pair loop's ~100.
+    Walking down `y`, each x is discordant with every earlier (higher-y) x that is smaller
+    (`_rising_pairs`); without ties the rest of the pairs are concordant.
     """
     n = len(x)
     if n < 2:
@@ -113,15 +113,8 @@ def _tau_b_y_descending(x: Sequence[float], y: Sequence[float], *, ties_y: int) 
     n0 = n * (n - 1) // 2
     if ties_y == n0:  # every score equal (a collapsed reranker): nothing to count
         return None
-    below: list[float] = []
-    insert, find = below.insert, bisect_left  # locals: this loop is the whole cost
-    discordant = 0
-    for value in x:
-        i = find(below, value)
-        discordant += i
-        insert(i, value)
-    # `below` is now sorted(x). Without ties, concordant = n0 - discordant.
-    ties_x = _tied_pairs(below, lt)
+    discordant = _rising_pairs(x)
+    ties_x = _tied_pairs(sorted(x), lt)
     if ties_x == n0:
         return None
     tied = ties_x or ties_y
@@ -191,11 +184,16 @@ def rerank_quality(
 ) -> RerankQuality:
     """The signals of one call: `candidates` as given to the reranker, `scored` its
     (input position, score) pairs best first (everything it scored, before the top-k cut or a
-    score threshold), `top_k` the call's top_k (None: k is the number scored). `recall` is
-    ``recall_order(candidates)`` when the caller has it already.
+    score threshold; distinct positions), `top_k` the call's top_k (None: k is the number
+    scored). `recall` is ``recall_order(candidates)`` when the caller has it already.
 
     k is min(top_k, number scored), so a call asking for more than there are compares what
     there is, and a reranker that returned recall's order has overlap 1.
+
+    All five signals come from one list, each scored candidate's 0-based recall rank in
+    rerank order (`ranks`): overlap counts the ranks below k among the first k, the deepest
+    promotion is their largest, and tau counts the pairs whose ranks rise (see
+    `_tau_b_of_ranks`). IndexError when a position is not one of the candidates'.
     """
     if not scored:
         return _NOTHING_SCORED
@@ -204,23 +202,72 @@ def rerank_quality(
     n_scored = len(scored)
     k = n_scored if top_k is None else min(top_k, n_scored)
     positions, scores = zip(*scored, strict=True)
+    # `recall` lists input positions by recall rank; sorting the ranks by the position each
+    # holds inverts it (rank of each input position), at C speed.
+    rank_of = sorted(range(len(recall)), key=recall.__getitem__)
+    ranks = list(map(rank_of.__getitem__, positions))
+    top = ranks[:k]
     tau = None
-    if len(set(map(_score, candidates))) > 1:  # recall ranked something above something else
-        # Recall's order as a number per candidate, higher first: ties in recall score are
-        # already broken by input position, as the stage's fallback breaks them.
-        place = dict(zip(recall, range(len(recall), 0, -1), strict=True))
-        tau = kendall_tau_b(list(map(place.__getitem__, positions)), scores)
+    # Recall ranked something above something else: its order (scores high to low, unscored
+    # last) does not start and end on the same score.
+    if candidates[recall[0]].score != candidates[recall[-1]].score:
+        tau = _tau_b_of_ranks(ranks, scores)
     return RerankQuality(
         kendall_tau=tau,
-        topk_overlap=topk_overlap(recall, positions, k),
-        max_promotion=max_promotion(recall, positions, k),
+        topk_overlap=sum(map(k.__gt__, top)) / k,
+        max_promotion=max(top) + 1,
         top_score=scores[0],
         score_margin=scores[0] - scores[1] if n_scored >= 2 else None,
     )
 
 
+def _tau_b_of_ranks(ranks: list[int], scores: Sequence[float]) -> float | None:
+    """Kendall's tau-b between recall order and rerank scores, for `ranks` distinct recall
+    ranks (lower is better) listed in the order of `scores` (the reranker's, best first).
+
+    Ranks never tie (recall ties are broken by input position), so tau-b's denominator is
+    sqrt(n0 * (n0 - ties in scores)). A pair is concordant when the reranker put first the
+    candidate recall ranked higher (a rise in `ranks`), discordant otherwise; a pair tied in
+    score is neither. With ties, each run of equal scores is put in rank order first (two
+    stable sorts, in C): its own pairs then all rise, so they are taken back as a whole, and
+    its pairs with everything outside it are counted as before. Scores not best first go the
+    general way (`kendall_tau_b`).
+    """
+    n = len(ranks)
+    if n < 2:
+        return None
+    n0 = n * (n - 1) // 2
+    if all(map(gt, scores, islice(scores, 1, None))):  # no ties: the common case
+        return (2 * _rising_pairs(ranks) - n0) / n0
+    if not all(map(ge, scores, islice(scores, 1, None))):  # not best first
+        return kendall_tau_b(list(map(neg, ranks)), scores)
+    if scores[0] == scores[-1]:  # every score equal (a collapsed reranker): undefined
+        return None
+    ties = sum(c * (c - 1) // 2 for c in Counter(scores).values() if c > 1)
+    score_of = dict(zip(ranks, scores, strict=True))
+    # Best score first, and within a run of equal scores lowest rank first (`reverse` keeps
+    # the order of equal keys).
+    runs_in_rank_order = sorted(sorted(ranks), key=score_of.__getitem__, reverse=True)
+    balance = 2 * (_rising_pairs(runs_in_rank_order) - ties) - (n0 - ties)
+    return balance / math.sqrt(n0 * (n0 - ties))
+
+
+def _rising_pairs(values: Sequence[float]) -> int:
+    """Pairs i < j with values[i] < values[j] (strictly): each value counts the smaller ones
+    before it, found by `bisect` in a sorted list of them (Knight's O(n log n) counting without
+    the merge sort; `bisect` and `list.insert` run in C, so for 50 values this beats both a
+    merge sort and the n² pair loop written in Python)."""
+    seen: list[float] = []
+    insert, find = seen.insert, bisect_left  # locals: this loop is the whole cost
+    rising = 0
+    for value in values:
+        i = find(seen, value)
+        rising += i
+        insert(i, value)
+    return rising
+
+
 _NOTHING_SCORED = RerankQuality(None, None, None, None, None)
-_score = attrgetter("score")
 
 
 def _tied_pairs(values: Sequence[float], strictly: Callable[[Any, Any], bool]) -> int:

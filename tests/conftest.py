@@ -30,6 +30,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+# One real Arize Phoenix per session for every test asking for `phoenix` (tests/phoenix_server.py).
+from .phoenix_server import phoenix  # noqa: F401
+
 # Tests never reach the internet: no Hugging Face hub look-ups, not even a DNS query.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

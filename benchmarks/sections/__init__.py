@@ -35,6 +35,8 @@ NAMES: tuple[str, ...] = (
     "transports",
     "rerank_server",
     "span_size",
+    "quality",
+    "quality_corpus",
 )
 
 

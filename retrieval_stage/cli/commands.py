@@ -15,10 +15,12 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from types import MappingProxyType
+from typing import Annotated, Any, ClassVar
 
 import typer
 from openinference.instrumentation import get_span_kind_attributes
@@ -30,7 +32,7 @@ from ..errors import RerankError
 from ..models import Candidate
 from .console import EXIT_DEGRADED, EXIT_FAILURE, EXIT_USAGE, err, fail, note, out
 from .failure import Witness, backoff_s
-from .help import MAX_WIDTH
+from .help import MAX_WIDTH, HelpCommand
 from .inputs import check_text, read_candidates
 from .options import (
     SERVICE_NAME,
@@ -41,6 +43,7 @@ from .options import (
     RerankOptions,
     with_rerank_options,
 )
+from .phoenix import FROM_OTLP
 from .render import (
     changes_table,
     metrics_table,
@@ -343,7 +346,13 @@ def rerank(
             note(stderr, chosen.hint, style="yellow")
 
 
-@app.command("eval", cls=Command)
+class _EvalCommand(Command):
+    """``eval``: a bare ``--phoenix`` means the Phoenix the OTLP traces already go to."""
+
+    bare: ClassVar[Mapping[str, str]] = MappingProxyType({"--phoenix": FROM_OTLP})
+
+
+@app.command("eval", cls=_EvalCommand)
 @with_rerank_options
 def eval_(
     options: RerankOptions,
@@ -418,9 +427,9 @@ def eval_(
         str | None,
         typer.Option(
             "--phoenix",
-            metavar="URL",
-            help="Trace the eval into Arize Phoenix at URL (or 'otlp': where "
-            "OTEL_EXPORTER_OTLP_ENDPOINT points) and log every judged document onto its "
+            metavar="[URL]",
+            help="Trace the eval into Arize Phoenix at URL (without one: the host "
+            "OTEL_EXPORTER_OTLP_ENDPOINT points to) and log every judged document onto its "
             "RETRIEVER and RERANKER spans, so Phoenix shows NDCG@k, precision@k and hit. "
             "Needs the [phoenix] extra.",
             show_default=False,
@@ -712,7 +721,9 @@ def _print_report(report: Any, chosen: Chosen, inputs: _EvalInputs) -> None:
 
 
 # The rerank server (retrieval_stage.server, the [server] extra), defined in cli/serve.py.
-app.command("serve", cls=Command)(serve)
+# Its own options only (no shared reranker/telemetry set behind --help-all): --reranker,
+# --model, --project and --log-level are serve's, and --help shows them.
+app.command("serve", cls=HelpCommand)(serve)
 
 
 def main() -> None:

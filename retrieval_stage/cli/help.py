@@ -9,6 +9,7 @@ as Click words it, without the "Value error, " of the validator underneath.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
 import typer
@@ -21,6 +22,7 @@ __all__ = [
     "HelpCommand",
     "HelpGroup",
     "help_all_parameter",
+    "with_bare_values",
 ]
 
 MAX_WIDTH = 100
@@ -56,6 +58,13 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
         ),
         ("the report as JSON", "eval --json"),
     ],
+    "serve": [
+        ("the packaged MiniLM on 127.0.0.1:8080, TEI's API", "serve"),
+        (
+            "a cross-encoder from a model folder, on port 8082",
+            "serve --reranker local --model DIR --port 8082",
+        ),
+    ],
     "": [
         ("does it run? (offline)", "demo"),
         ("what did it change?", "rerank -q QUERY -i examples/candidates.jsonl"),
@@ -65,6 +74,28 @@ EXAMPLES: dict[str, list[tuple[str, str]]] = {
 """Per command (``""``: the application itself), what an example shows and its arguments."""
 
 _PREFIX = "Value error, "
+
+_END_OF_OPTIONS = "--"
+
+
+def with_bare_values(args: list[str], bare: Mapping[str, str]) -> list[str]:
+    """`args` with each option of `bare` given without a value spelled ``--option=VALUE``,
+    VALUE being what `bare` says the bare option means.
+
+    The parser Typer vendors has no options with an optional value (Click's ``is_flag=False,
+    flag_value=...`` is not there), so an option that may stand alone is rewritten before it
+    parses. Bare means last, or followed by another option (a word starting with ``-``): the
+    values these options take (URLs) never start with one. Nothing after ``--`` is touched.
+    """
+    if not bare:
+        return args
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == _END_OF_OPTIONS:
+            break
+        if arg in bare and (i + 1 == len(out) or out[i + 1].startswith("-")):
+            out[i] = f"{arg}={bare[arg]}"
+    return out
 
 
 def _show_all_help(ctx: typer.Context, value: bool) -> None:
@@ -127,13 +158,16 @@ class HelpCommand(TyperCommand):
 
     shared: ClassVar[frozenset[str]] = frozenset()
     shared_heading: ClassVar[str] = "Reranker, telemetry and logging options"
+    bare: ClassVar[Mapping[str, str]] = {}
+    """Options that may also be given without a value, and the value they then take
+    (`with_bare_values`); show them with a bracketed metavar, ``--option [URL]``."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _flags_without_type(super().get_params(ctx))
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         try:
-            return list(super().parse_args(ctx, args))
+            return list(super().parse_args(ctx, with_bare_values(args, self.bare)))
         except typer.BadParameter as exc:
             raise _plain_bad_parameter(exc) from exc.__cause__
 

@@ -70,27 +70,30 @@ class PhoenixUnavailableError(RuntimeError):
 
 
 FROM_OTLP = "otlp"
-"""``--phoenix otlp``: Phoenix is where the OTLP traces go. (The command-line parser typer
-vendors has no options with an optional value, so a bare ``--phoenix`` cannot mean this.)"""
+"""What a bare ``--phoenix`` stands for (`help.with_bare_values` rewrites it to
+``--phoenix=otlp``; spelled out, ``--phoenix otlp`` means the same): Phoenix is where the OTLP
+traces go."""
 
 
 def phoenix_url(given: str, traces_endpoint: str | None) -> str:
-    """Phoenix's base URL: `given`, or for ``otlp`` the scheme and host of the OTLP traces
-    endpoint (Phoenix takes OTLP/HTTP on the same port as its API and UI).
+    """Phoenix's base URL: `given`, or for `FROM_OTLP` (a bare ``--phoenix``) the scheme and
+    host of the OTLP traces endpoint (Phoenix takes OTLP/HTTP on the same port as its API and
+    UI).
 
     ValueError (a usage error) when neither gives an http(s) URL.
     """
     from_otlp = given == FROM_OTLP
     source = traces_endpoint if from_otlp else given
-    if not source:
+    if from_otlp and not source:
         raise ValueError(
-            "--phoenix otlp takes Phoenix's address from OTEL_EXPORTER_OTLP_ENDPOINT, "
+            "--phoenix without a URL takes Phoenix's address from OTEL_EXPORTER_OTLP_ENDPOINT, "
             "which is not set: give --phoenix http://HOST:6006"
         )
-    parts = urlsplit(source)
+    parts = urlsplit(source or "")
     if parts.scheme not in ("http", "https") or not parts.hostname:
+        where = " (from OTEL_EXPORTER_OTLP_ENDPOINT)" if from_otlp else ""
         raise ValueError(
-            f"--phoenix needs an http(s) URL such as http://localhost:6006, got {source!r}"
+            f"--phoenix needs an http(s) URL such as http://localhost:6006, got {source!r}{where}"
         )
     path = "" if from_otlp else parts.path.rstrip("/")  # the endpoint's path is OTLP's
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{path}"

@@ -99,8 +99,8 @@ class ServerInstruments:
     def __init__(
         self, meter_provider: metrics.MeterProvider | None, depth: Callable[[], int]
     ) -> None:
-        provider = meter_provider if meter_provider is not None else metrics.get_meter_provider()
-        meter = provider.get_meter(METER_NAME, __version__)
+        # The API's own lookup, as `RerankMetrics` does: `meter_provider`, else the global one.
+        meter = metrics.get_meter(METER_NAME, __version__, meter_provider)
         self._duration = meter.create_histogram(
             REQUEST_DURATION,
             unit="s",

@@ -122,6 +122,17 @@ def test_help_fits_a_screen_with_examples_and_names_the_rest(command: str) -> No
         assert f"  {option}" in full.output, option
 
 
+def test_serve_help_shows_all_its_options_and_points_to_nothing_it_lacks() -> None:
+    # serve takes no shared reranker/telemetry set: its --reranker, --model, --project and
+    # --log-level are its own, so --help shows them instead of a --help-all it does not have.
+    short = invoke("serve", "--help", COLUMNS="80")
+    assert short.exit_code == 0
+    for option in ("--host", "--port", "--reranker", "--model", "--project", "--log-level"):
+        assert f"  {option}" in short.output, option
+    assert "--help-all" not in short.output
+    assert "retrieval-stage serve --reranker local" in short.output
+
+
 def test_the_application_help_has_examples() -> None:
     result = invoke("--help")
     assert "Examples:" in result.output

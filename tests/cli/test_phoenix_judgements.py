@@ -7,17 +7,24 @@ tracer and the only stand-in is the Phoenix client in the retry tests.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import httpx
 import pytest
+import typer.main
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from typer.core import TyperGroup
+from typer.testing import CliRunner
 
 from retrieval_stage import Candidate, RerankStage
+from retrieval_stage.cli import app
+from retrieval_stage.cli.help import with_bare_values
 from retrieval_stage.cli.phoenix import (
     ANNOTATION_NAME,
+    FROM_OTLP,
     DocumentSpans,
     FixedRecall,
     PhoenixUnavailableError,
@@ -61,6 +68,63 @@ def test_phoenix_url_refuses_what_is_not_an_http_url(
 ) -> None:
     with pytest.raises(ValueError, match=message):
         phoenix_url(given, endpoint)
+
+
+# -- a bare --phoenix on the command line ------------------------------------------------
+
+
+def eval_params(*args: str) -> dict[str, Any]:
+    """What `eval` parses from `args` (Typer's real parser; nothing runs)."""
+    command = typer.main.get_command(app)
+    assert isinstance(command, TyperGroup)
+    return command.commands["eval"].make_context("eval", list(args)).params
+
+
+@pytest.mark.parametrize(
+    ("args", "phoenix"),
+    [
+        (["--phoenix"], FROM_OTLP),
+        (["--phoenix", "--json"], FROM_OTLP),
+        (["--json", "--phoenix"], FROM_OTLP),
+        (["--phoenix", "--resamples", "100"], FROM_OTLP),
+        (["--phoenix", "http://px:6006", "--json"], "http://px:6006"),
+        (["--json", "--phoenix=http://px:6006"], "http://px:6006"),
+        (["--phoenix", "otlp"], FROM_OTLP),
+        ([], None),
+    ],
+)
+def test_phoenix_may_be_given_without_a_url(args: list[str], phoenix: str | None) -> None:
+    params = eval_params(*args)
+    assert params["phoenix"] == phoenix
+    assert params["as_json"] == ("--json" in args)
+
+
+def test_only_options_before_the_end_of_options_are_rewritten() -> None:
+    assert with_bare_values(["--phoenix", "--", "--phoenix"], {"--phoenix": "otlp"}) == [
+        "--phoenix=otlp",
+        "--",
+        "--phoenix",
+    ]
+    assert with_bare_values(["--phoenix", "http://px"], {"--phoenix": "otlp"}) == [
+        "--phoenix",
+        "http://px",
+    ]
+
+
+def test_bare_phoenix_without_an_otlp_endpoint_is_a_usage_error() -> None:
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("OTEL_")}
+    done = CliRunner().invoke(app, ["eval", "--phoenix", "--json"], env=unset)
+    assert done.exit_code == 2, done.output
+    assert "--phoenix without a URL" in " ".join(done.output.split())
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in done.output
+
+
+def test_bare_phoenix_refuses_an_otlp_endpoint_that_is_no_http_url() -> None:
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("OTEL_")}
+    env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "grpc://collector:4317"
+    done = CliRunner().invoke(app, ["eval", "--phoenix"], env=env)
+    assert done.exit_code == 2, done.output
+    assert "(from OTEL_EXPORTER_OTLP_ENDPOINT)" in " ".join(done.output.split())
 
 
 # -- which document each grade goes to ----------------------------------------------------

@@ -7,6 +7,7 @@ and tau-b is held to scipy's on random orders (with ties) by a property test.
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from retrieval_stage import Candidate
+from retrieval_stage.models import recall_order
 from retrieval_stage.quality import (
     ATTR_KENDALL_TAU,
     ATTR_MAX_PROMOTION,
@@ -63,21 +65,21 @@ def test_tau_refuses_unpaired_samples() -> None:
         kendall_tau_b([1, 2], [1, 2, 3])
 
 
-distinct_floats = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False)
-small_ints = st.integers(min_value=0, max_value=4)  # many ties
+def _samples(rng: random.Random, n: int, ties: float) -> list[float]:
+    """`n` values, a share `ties` of them from a handful of small ints (ties), the rest
+    spread floats."""
+    return [rng.randint(0, 4) if rng.random() < ties else rng.uniform(-1e6, 1e6) for _ in range(n)]
 
 
+# One drawn seed builds each case with `random`: as varied as nested list strategies, at a
+# fraction of hypothesis's cost per example (the suite runs these on every CI run).
 @settings(max_examples=300, deadline=None)
-@given(
-    st.integers(min_value=2, max_value=60).flatmap(
-        lambda n: st.tuples(
-            st.lists(st.one_of(small_ints, distinct_floats), min_size=n, max_size=n),
-            st.lists(st.one_of(small_ints, distinct_floats), min_size=n, max_size=n),
-        )
-    )
-)
-def test_tau_matches_scipy_on_random_orders(xy: tuple[list[float], list[float]]) -> None:
-    x, y = xy
+@given(st.integers(min_value=0, max_value=2**64))
+def test_tau_matches_scipy_on_random_orders(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(2, 60)
+    x = _samples(rng, n, rng.choice([0.0, 0.5, 1.0]))
+    y = _samples(rng, n, rng.choice([0.0, 0.5, 1.0]))
     expected = stats.kendalltau(x, y).statistic  # tau-b is scipy's default variant
     got = kendall_tau_b(x, y)
     if math.isnan(expected):
@@ -260,3 +262,49 @@ def test_recall_order_breaks_recall_ties_so_an_echo_still_reads_tau_one() -> Non
     # Swapping the tied pair is a change of the order the stage would have returned: 1 of 6
     # pairs reversed, (5 - 1) / 6.
     assert rerank_quality(given_, swapped_tie).kendall_tau == pytest.approx(4 / 6)
+
+
+def _one_call(seed: int) -> tuple[list[float | None], list[tuple[int, float]], int | None]:
+    """A random call from `seed`: recall scores with ties and unscored candidates, a reranker
+    that scored some or all of them with tied or distinct scores, best first as the stage hands
+    them over, and a top_k that may exceed n."""
+    rng = random.Random(seed)
+    n = rng.randint(1, 60)
+    ties = rng.choice([0.0, 0.3, 1.0])  # share of scores drawn from a handful of values
+
+    def score() -> float:
+        return float(rng.randint(0, 4)) if rng.random() < ties else rng.uniform(-1e6, 1e6)
+
+    unscored = rng.choice([0.0, 0.2, 1.0])
+    recall_given = [None if rng.random() < unscored else score() for _ in range(n)]
+    positions = rng.sample(range(n), rng.randint(1, n))
+    scored = sorted(((i, score()) for i in positions), key=lambda p: (-p[1], p[0]))
+    top_k = rng.choice([None, rng.randint(1, 70)])
+    return recall_given, scored, top_k
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=2**64))
+def test_one_call_matches_scipy_and_the_plain_definitions(seed: int) -> None:
+    # Any recall scores (ties, unscored ones), a reranker that scored some or all of the
+    # candidates with any scores (ties), best first as the stage hands them over.
+    recall_given, scored, top_k = _one_call(seed)
+    given_ = cands(*recall_given)
+    recall = recall_order(given_)
+
+    quality = rerank_quality(given_, scored, top_k, recall=recall)
+
+    ranked = [i for i, _ in scored]
+    k = len(scored) if top_k is None else min(top_k, len(scored))
+    assert quality.topk_overlap == topk_overlap(recall, ranked, k)
+    assert quality.max_promotion == max_promotion(recall, ranked, k)
+    assert quality.top_score == scored[0][1]
+    if len(scored) < 2 or len({c.score for c in given_}) == 1:
+        assert quality.kendall_tau is None
+        return
+    place = {position: -rank for rank, position in enumerate(recall)}
+    expected = stats.kendalltau([place[i] for i in ranked], [s for _, s in scored]).statistic
+    if math.isnan(expected):  # every rerank score equal
+        assert quality.kendall_tau is None
+    else:
+        assert quality.kendall_tau == pytest.approx(expected, abs=1e-12)

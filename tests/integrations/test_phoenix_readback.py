@@ -1,23 +1,18 @@
 """The one RERANKER span per framework, read back from a real Arize Phoenix (issue 24's proof).
 
-One Phoenix server (``.venv-phoenix``, tests/phoenix/setup.sh) runs on loopback for the module.
-Each framework runs its usual flow (LlamaIndex query engine, LangChain compression retriever,
-Haystack BM25 pipeline) with its OpenInference instrumentor and the stage exporting over
-OTLP/HTTP to Phoenix, each into its own project. Phoenix's REST API then says what a user sees:
-one RERANKER span, ours, inside the framework's trace, with the recall scores on its input
-documents and the rerank scores on its output documents. Run with ``-s`` to print the read-back.
+The session's Phoenix server (`tests.phoenix_server`: ``.venv-phoenix``, tests/phoenix/setup.sh)
+runs on loopback. Each framework runs its usual flow (LlamaIndex query engine, LangChain
+compression retriever, Haystack BM25 pipeline) with its OpenInference instrumentor and the
+stage exporting over OTLP/HTTP to Phoenix, each into its own project. Phoenix's REST API then
+says what a user sees: one RERANKER span, ours, inside the framework's trace, with the recall
+scores on its input documents and the rerank scores on its output documents. Run with ``-s``
+to print the read-back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,12 +24,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from retrieval_stage.local import LexicalReranker
 
+from ..phoenix_server import INGEST_SECONDS, MISSING, PHOENIX
+
 pytestmark = pytest.mark.phoenix
 
-ROOT = Path(__file__).resolve().parents[2]
-PHOENIX = ROOT / ".venv-phoenix" / "bin" / "phoenix"
-STARTUP_SECONDS = 180.0  # measured ~20-30 s to /healthz on a loaded 2-core machine
-INGEST_SECONDS = 30.0  # Phoenix inserts spans in batches a moment after the request returned
 QUERY = "how do I parse JSON in Python"
 TEXTS = {
     "faq-7": ("JSON is a text format; Python reads JSON.", 7.2),
@@ -43,79 +36,9 @@ TEXTS = {
 }
 
 if not PHOENIX.exists():
-    pytest.skip(f"Phoenix is not installed at {PHOENIX}: run tests/phoenix/setup.sh",
-                allow_module_level=True)  # fmt: skip
+    pytest.skip(MISSING, allow_module_level=True)
 for _module in ("llama_index.core", "langchain_classic", "haystack"):
     pytest.importorskip(_module, reason="tests/integrations/setup.sh makes .venv-frameworks")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_ready(url: str, exited: Callable[[], str | None]) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        reason = exited()
-        if reason is not None:
-            raise RuntimeError(f"Phoenix exited before answering at {url}:\n{reason}")
-        try:
-            if httpx.get(url + "/healthz", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise RuntimeError(f"Phoenix at {url} did not answer within {STARTUP_SECONDS:.0f}s")
-
-
-@pytest.fixture(scope="module")
-def phoenix() -> Iterator[str]:
-    """A loopback-only Phoenix with its own SQLite dir, telemetry and outbound fetches off."""
-    with tempfile.TemporaryDirectory(prefix="phoenix-frameworks-") as tmp:
-        http_port, grpc_port = _free_port(), _free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PHOENIX_", "OTEL_"))}
-        env.update(
-            {
-                "PHOENIX_HOST": "127.0.0.1",
-                "PHOENIX_PORT": str(http_port),
-                "PHOENIX_GRPC_PORT": str(grpc_port),
-                "PHOENIX_WORKING_DIR": tmp,
-                "PHOENIX_TELEMETRY_ENABLED": "false",
-                "PHOENIX_ALLOW_EXTERNAL_RESOURCES": "false",
-                "PHOENIX_DISABLE_AGENT_ASSISTANT": "true",
-                "PHOENIX_AGENTS_DISABLE_WEB_ACCESS": "true",
-                "PHOENIX_AGENTS_DISABLE_GITHUB": "true",
-                "PHOENIX_ENABLE_MCP_SERVER": "false",
-            }
-        )
-        log_path = Path(tmp) / "phoenix.log"
-        url = f"http://127.0.0.1:{http_port}"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [str(PHOENIX), "serve"], env=env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, cwd=tmp,
-            )  # fmt: skip
-
-            def exited() -> str | None:
-                if proc.poll() is None:
-                    return None
-                return (
-                    f"exit code {proc.returncode}: {log_path.read_text(errors='replace')[-3000:]}"
-                )
-
-            try:
-                _wait_ready(url, exited)
-                yield url
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=15)
 
 
 def _provider(phoenix: str, project: str) -> TracerProvider:

@@ -2,8 +2,8 @@
 ``retrieval-stage demo --endpoint`` in another, both exporting to Phoenix; Phoenix then holds
 one trace from the pipeline through the server's model batch.
 
-Phoenix is the one `tests/test_phoenix.py` starts (``.venv-phoenix``; these tests skip where
-it is not installed). The server runs the lexical reranker so that the test needs no model
+Phoenix is the session's (`tests.phoenix_server`, ``.venv-phoenix``; these tests skip where it
+is not installed). The server runs the lexical reranker so that the test needs no model
 load; the trace's shape is the same for every reranker.
 """
 
@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.servers.test_phoenix import INGEST_SECONDS, Run, _demo, _project_spans, phoenix  # noqa: F401
+from tests.phoenix_server import INGEST_SECONDS
+from tests.servers.test_phoenix import Run, _demo, _project_spans
 
 from .served import Served, server_env, start_server
 
@@ -25,7 +26,7 @@ PROJECT = "retrieval-stage"
 
 
 @pytest.fixture(scope="module")
-def phoenix_server(phoenix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:  # noqa: F811
+def phoenix_server(phoenix: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     env = server_env(OTEL_EXPORTER_OTLP_ENDPOINT=phoenix, OTEL_BSP_SCHEDULE_DELAY="100")
     tmp = tmp_path_factory.mktemp("phoenix-server")
     with start_server(tmp, "--reranker", "lexical", env=env) as served:
@@ -33,7 +34,7 @@ def phoenix_server(phoenix: str, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.fixture(scope="module")
-def tour(phoenix: str, phoenix_server: Served) -> tuple[Run, list[dict[str, Any]]]:  # noqa: F811
+def tour(phoenix: str, phoenix_server: Served) -> tuple[Run, list[dict[str, Any]]]:
     run = _demo(phoenix, "--endpoint", phoenix_server.url)
     assert run.done.returncode == 0, run.done.stderr
     deadline = time.monotonic() + INGEST_SECONDS

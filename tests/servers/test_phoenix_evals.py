@@ -1,7 +1,7 @@
 """``retrieval-stage eval --phoenix`` against a real Arize Phoenix (issue 28).
 
 The CLI runs the bundled eval (24 judged queries, BM25's top 50) with the lexical reranker,
-traced into a Phoenix started on loopback for this module (tests/servers/test_phoenix.py's fixture).
+traced into the session's Phoenix on loopback (`tests.phoenix_server`).
 Phoenix's GraphQL API then gives, for every RERANKER and RETRIEVER span, the NDCG@10,
 precision@5 and hit Phoenix computed from the judgements the CLI logged, and they are held to
 our own eval's numbers for the same queries.
@@ -23,7 +23,7 @@ import pytest
 
 from retrieval_stage.evaluation import per_query_scores
 
-from .test_phoenix import ROOT, SCRIPT, _graphql, phoenix  # noqa: F401
+from .test_phoenix import ROOT, SCRIPT, _graphql
 
 pytestmark = pytest.mark.phoenix
 
@@ -81,7 +81,7 @@ def _spans(url: str) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def evaluated(phoenix: str) -> dict[str, Any]:  # noqa: F811
+def evaluated(phoenix: str) -> dict[str, Any]:
     done = _eval(phoenix, "--phoenix", phoenix, "--project", PROJECT)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -155,7 +155,7 @@ def _qrels_for(query_id: str) -> dict[str, int]:
     return read_qrels(data_path(EXAMPLE_QRELS)).get(query_id, {})
 
 
-def test_phoenix_url_from_the_otlp_endpoint(phoenix: str) -> None:  # noqa: F811
+def test_a_bare_phoenix_is_where_the_otlp_endpoint_points(phoenix: str) -> None:
     env_done = _eval_with_endpoint(phoenix)
     assert env_done.returncode == 0, env_done.stderr
     assert f"logged to {phoenix}" in env_done.stderr
@@ -178,8 +178,7 @@ def _eval_with_endpoint(url: str) -> subprocess.CompletedProcess[str]:
             "lexical",
             "--resamples",
             "100",
-            "--phoenix",
-            "otlp",
+            "--phoenix",  # bare: Phoenix is where OTEL_EXPORTER_OTLP_ENDPOINT points
             "--project",
             PROJECT + "-otlp",
         ],

@@ -1,47 +1,31 @@
-"""Healthy and unhealthy values of the quality signals, measured on the bundled corpus.
+"""quality_corpus: context (issue 28): healthy and unhealthy values of the quality signals.
 
-Run with ``python -m benchmarks.quality_corpus`` (``--json FILE`` keeps every number). The 24
-judged questions of the bundled example, each with BM25's top 50 as candidates, go through a
-traced `RerankStage` (top_k 10, as a RAG pipeline keeps) with four rerankers: the packaged MiniLM
-embedding model, the lexical reranker, one that returns its input (recall) order with made-up
+The 24 judged questions of the bundled example, each with BM25's top 50 as candidates, go
+through a traced `RerankStage` (top_k 10, as a RAG pipeline keeps) with four rerankers: the
+packaged MiniLM embedding model (the ``[local]`` extra; left out, with a note, where it is not
+installed), the lexical reranker, one that returns its input (recall) order with made-up
 descending scores (a server echoing its input, a swapped-out model), and `NullReranker`, which
 scores everything 0.0 (a collapsed reranker). The signals are read back from the finished
-RERANKER spans' ``retrieval_stage.quality.*`` attributes, as a trace backend sees them; nDCG@10
-(ir-measures, the eval's numbers) says which of them actually helped. These tables are the ones
-in docs/quality.md.
+RERANKER spans' ``retrieval_stage.quality.*`` attributes, as a trace backend sees them;
+nDCG@10 (ir-measures, the eval's numbers) says which of them actually helped. No timing, no
+server: the table in docs/quality.md is these rows.
+
+    python -m benchmarks --only quality_corpus
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-from retrieval_stage import RerankStage
-from retrieval_stage.quality import (
-    ATTR_KENDALL_TAU,
-    ATTR_MAX_PROMOTION,
-    ATTR_SCORE_MARGIN,
-    ATTR_TOP_SCORE,
-    ATTR_TOPK_OVERLAP,
-)
+from ..fixtures import LocalServer
+from ..harness import Scale
+from ..report import Row
 
 T = TypeVar("T")
 TOP_K = 10
-SIGNALS = {
-    "kendall_tau": ATTR_KENDALL_TAU,
-    "topk_overlap": ATTR_TOPK_OVERLAP,
-    "max_promotion": ATTR_MAX_PROMOTION,
-    "top_score": ATTR_TOP_SCORE,
-    "score_margin": ATTR_SCORE_MARGIN,
-}
+SIGNALS = ("kendall_tau", "topk_overlap", "max_promotion", "top_score", "score_margin")
 
 
 class InputOrder:
@@ -64,16 +48,21 @@ class InputOrder:
         return ranked[:top_k] if top_k else ranked
 
 
-def _rerankers() -> dict[str, Any]:
-    from retrieval_stage.local import EmbeddingReranker, LexicalReranker
+def _rerankers(notes: dict[str, str]) -> dict[str, Any]:
+    from retrieval_stage.local import LexicalReranker
     from retrieval_stage.null import NullReranker
 
-    return {
-        "embedding (MiniLM)": EmbeddingReranker(),
-        "lexical": LexicalReranker(),
-        "input order": InputOrder(),
-        "null (all 0.0)": NullReranker(),
-    }
+    found: dict[str, Any] = {}
+    try:
+        from retrieval_stage.local import EmbeddingReranker
+
+        found["embedding (MiniLM)"] = EmbeddingReranker()
+    except ImportError as exc:  # the [local] extra (sentence-transformers, torch) is missing
+        notes["embedding (MiniLM)"] = f"not installed: {exc}"
+    found["lexical"] = LexicalReranker()
+    found["input order"] = InputOrder()
+    found["null (all 0.0)"] = NullReranker()
+    return found
 
 
 def _inputs() -> tuple[dict[str, str], Any, dict[str, list[Any]]]:
@@ -108,8 +97,31 @@ def _summary(values: list[float]) -> dict[str, Any]:
     }
 
 
-def measure() -> dict[str, Any]:
+def measure(server: LocalServer, scale: Scale) -> dict[str, Any]:
+    """Each reranker's signals over the 24 calls, read back from its RERANKER spans."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from retrieval_stage import RerankStage
     from retrieval_stage.evaluation import per_query_scores
+    from retrieval_stage.quality import (
+        ATTR_KENDALL_TAU,
+        ATTR_MAX_PROMOTION,
+        ATTR_SCORE_MARGIN,
+        ATTR_TOP_SCORE,
+        ATTR_TOPK_OVERLAP,
+    )
+
+    keys = dict(
+        zip(
+            SIGNALS,
+            (ATTR_KENDALL_TAU, ATTR_TOPK_OVERLAP, ATTR_MAX_PROMOTION, ATTR_TOP_SCORE,
+             ATTR_SCORE_MARGIN),
+            strict=True,
+        )
+    )  # fmt: skip
+    notes: dict[str, str] = {}
 
     queries, qrels, pools = _inputs()
     recall_rankings = {q: [c.id for c in pools[q]] for q in queries}
@@ -121,7 +133,7 @@ def measure() -> dict[str, Any]:
         "recall_ndcg10": statistics.fmean(recall_ndcg.values()),
         "rerankers": {},
     }
-    for label, reranker in _rerankers().items():
+    for label, reranker in _rerankers(notes).items():
         exporter = InMemorySpanExporter()
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -131,7 +143,7 @@ def measure() -> dict[str, Any]:
         values: dict[str, list[float]] = {name: [] for name in SIGNALS}
         for span in spans:
             attributes = span.attributes or {}
-            for name, key in SIGNALS.items():
+            for name, key in keys.items():
                 if key in attributes:
                     values[name].append(float(attributes[key]))  # type: ignore[arg-type]
         unchanged = sum(1 for v in values["kendall_tau"] if v >= 0.9999)
@@ -145,43 +157,36 @@ def measure() -> dict[str, Any]:
             "ndcg10": statistics.fmean(ndcg.values()),
         }
         provider.shutdown()
+    out["notes"] = notes
     return out
 
 
-def render(result: dict[str, Any]) -> str:
+def rows(result: dict[str, Any], results: dict[str, Any]) -> list[Row]:
+    """One row per reranker: nDCG@10 and each signal's median (min to max) over the calls."""
+
     def cell(summary: dict[str, Any]) -> str:
         if not summary["calls"]:
             return "absent"
         return f"{summary['median']:.3g} ({summary['min']:.3g} to {summary['max']:.3g})"
 
-    lines = [
-        f"{result['queries']} judged queries, {result['candidates']}, top_k {result['top_k']}; "
-        f"median (min to max) over calls; recall's nDCG@10 {result['recall_ndcg10']:.3f}",
-        "",
-        "| reranker | nDCG@10 | tau | share tau = 1 | share tau absent | overlap@10 "
-        "| max promotion | top score | margin | share top two tied |",
-        "|---|---:|---|---:|---:|---|---|---|---|---:|",
-    ]
+    out: list[Row] = []
     for label, row in result["rerankers"].items():
         s = row["signals"]
-        lines.append(
-            f"| {label} | {row['ndcg10']:.3f} | {cell(s['kendall_tau'])} "
-            f"| {row['share_unchanged_tau_1']:.0%} | {row['share_tau_absent']:.0%} "
-            f"| {cell(s['topk_overlap'])} | {cell(s['max_promotion'])} | {cell(s['top_score'])} "
-            f"| {cell(s['score_margin'])} | {row['share_top_two_tied']:.0%} |"
+        out.append(
+            (
+                f"quality on the bundled corpus ({result['queries']} queries, BM25 top 50, "
+                f"top_k {result['top_k']}; recall nDCG@10 {result['recall_ndcg10']:.3f}): "
+                f"{label}",
+                f"nDCG@10 {row['ndcg10']:.3f}; tau {cell(s['kendall_tau'])}, "
+                f"tau = 1 on {row['share_unchanged_tau_1']:.0%}, absent on "
+                f"{row['share_tau_absent']:.0%}; overlap@10 {cell(s['topk_overlap'])}; "
+                f"max promotion {cell(s['max_promotion'])}; top score {cell(s['top_score'])}; "
+                f"margin {cell(s['score_margin'])}, top two tied on "
+                f"{row['share_top_two_tied']:.0%}",
+                "",
+                "",
+            )
         )
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", type=Path, help="also write the raw numbers here")
-    args = parser.parse_args(argv)
-    result = measure()
-    print(render(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-
-
-if __name__ == "__main__":
-    main()
+    for label, why in result.get("notes", {}).items():
+        out.append((f"quality on the bundled corpus: {label}", f"left out ({why})", "", ""))
+    return out
