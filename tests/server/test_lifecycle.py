@@ -13,7 +13,7 @@ from retrieval_stage.server import ServerSettings, serve
 from retrieval_stage.server.run import NotLoopbackError
 from retrieval_stage.server.settings import is_loopback
 
-from .served import ROOT, SCRIPT, server_env, start_server, wait_healthy
+from .served import ROOT, SCRIPT, Served, server_env, start_server, wait_healthy
 
 
 def test_health_is_503_until_the_model_is_loaded_and_sigterm_stops_a_loading_server(
@@ -130,11 +130,10 @@ def test_bad_usage_exits_2_saying_why() -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_a_port_in_use_fails_the_command(tmp_path_factory: pytest.TempPathFactory) -> None:
-    tmp = tmp_path_factory.mktemp("port")
-    with start_server(tmp, "--reranker", "lexical") as served:
-        wait_healthy(served)
-        port = served.url.rsplit(":", 1)[1]
-        done = _command("--reranker", "lexical", "--port", port)
+def test_a_port_in_use_fails_the_command(lexical_server: Served) -> None:
+    """The session's lexical server holds the port (no server of its own to start)."""
+    wait_healthy(lexical_server)
+    port = lexical_server.url.rsplit(":", 1)[1]
+    done = _command("--reranker", "lexical", "--port", port)
     assert done.returncode != 0
     assert "address already in use" in done.stderr.lower()
