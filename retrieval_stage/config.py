@@ -334,12 +334,12 @@ def make_async_reranker(
 
 def _local(factory: Callable[..., _L], settings: RerankSettings, strict: bool) -> _L | None:
     """The in-process cross-encoder (loaded lazily), or None when its extra is missing."""
-    from .local import DEFAULT_LOCAL_MODEL, INSTALL_HINT
+    from .local import DEFAULT_LOCAL_MODEL, TORCH_INSTALL_HINT
 
     try:
         return factory(settings.model or DEFAULT_LOCAL_MODEL)
     except ImportError:
-        reason = f"needs sentence-transformers: {INSTALL_HINT}"
+        reason = f"needs sentence-transformers (the [torch] extra): {TORCH_INSTALL_HINT}"
         if strict:
             raise InvalidSetting("provider", reason, f"{PROVIDER}=local") from None
         log.warning(

@@ -184,8 +184,9 @@ _SHARED: dict[str, Any] = {
         typer.Option(
             "--reranker",
             help="'endpoint': the service at --endpoint; 'local': a cross-encoder in process "
-            "(--model; needs the [local] extra); 'embedding': cosine of embeddings from "
-            "--model (default: the packaged all-MiniLM-L6-v2, offline); 'lexical': a "
+            "(--model; needs the [torch] extra); 'embedding': cosine of embeddings from "
+            "--model (default: the packaged all-MiniLM-L6-v2, offline; needs the [local] "
+            "extra); 'lexical': a "
             "bag-of-words fallback, not a model; 'auto': the endpoint when given, else a "
             "cross-encoder that loads (offline: one already on disk), else the embedding "
             "model, else lexical.",

