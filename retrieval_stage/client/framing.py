@@ -82,7 +82,8 @@ class OverfullGuard:
         if length.isdigit() and len(length) <= 18 and "transfer-encoding" not in headers:
             self._state = h11_connection(response)
             self._left = int(length)
-            self._check()
+            if self._state is not None:
+                self._check()
 
     def feed(self, chunk: bytes) -> None:
         """One raw chunk of the body was read."""

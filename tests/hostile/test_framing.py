@@ -19,7 +19,7 @@ import asyncio
 import json
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack, ExitStack, contextmanager
 from typing import Any
 
@@ -186,3 +186,48 @@ def test_a_body_shorter_than_its_content_length_fails_typed_and_its_connection_i
     assert "call 0" not in str(error)  # (the server echoed nothing; still, no document text)
     wrong = [i for i, a in enumerate(answers, start=1) if not _own_scores(i, a)]
     assert not wrong, (wrong, answers)
+
+
+class _StreamingTransport(httpx.AsyncBaseTransport, httpx.BaseTransport):
+    """Answers call i with its own scores as a stream no h11 stands behind (as another
+    transport's, e.g. httpx-aiohttp's): the guard has nothing to look at and must stay out."""
+
+    def _response(self, request: httpx.Request) -> httpx.Response:
+        body = _scores(int(json.loads(request.content)["texts"][0].split()[1]))
+        headers = {"Content-Type": "application/json", "Content-Length": str(len(body))}
+        return httpx.Response(200, headers=headers, stream=_Chunks(body))
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self._response(request)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return self._response(request)
+
+
+class _Chunks(httpx.AsyncByteStream, httpx.SyncByteStream):
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield self._body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._body
+
+
+def test_a_callers_client_on_another_transport_is_answered_as_before() -> None:
+    transport = _StreamingTransport()
+    with (
+        httpx.Client(transport=transport) as http,
+        RerankClient("http://rerank.test", http_client=http) as client,
+    ):
+        assert _own_scores(3, client.rerank("q", _texts(3)))
+
+    async def main() -> list[tuple[str, float]]:
+        async with (
+            httpx.AsyncClient(transport=transport) as http,
+            AsyncRerankClient("http://rerank.test", http_client=http) as aclient,
+        ):
+            return await aclient.rerank("q", _texts(4))
+
+    assert _own_scores(4, asyncio.run(main()))
