@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
-from retrieval_stage import AsyncRerankClient, RerankClient, RerankError
+from retrieval_stage import AsyncRerankClient, RerankClient, RerankError, RerankTransportError
 from tests.hostile.server import Request, raw_response, serve
 
 CALLS = 6
@@ -182,7 +182,7 @@ def test_a_body_shorter_than_its_content_length_fails_typed_and_its_connection_i
     with serve(short, keep_alive=True) as server:
         error, answers = asyncio.run(_run(flavour, server.url, calls))
         assert len(server._conns) >= 2  # the short answer's connection was not reused
-    assert isinstance(error, RerankError), error
+    assert isinstance(error, RerankTransportError), error
     assert "call 0" not in str(error)  # (the server echoed nothing; still, no document text)
     wrong = [i for i, a in enumerate(answers, start=1) if not _own_scores(i, a)]
     assert not wrong, (wrong, answers)
