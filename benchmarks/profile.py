@@ -5,9 +5,11 @@
 WHAT is one of:
 
 - ``traced``, ``sampled-out``, ``client``: N sync calls of 50 documents (TEI shape);
-- ``async-raw``, ``async-sampled-out``, ``async-traced``: N async calls at 64 concurrent
-  (raw httpx ``AsyncClient`` + ``json.loads``, or ``RerankStage.arun``), behind ``--delay-ms``
-  of server latency (default 20, the throughput target's setting).
+- ``async-raw``, ``async-raw-aiohttp``, ``async-client``, ``async-sampled-out``,
+  ``async-traced``: N async calls at 64 concurrent (raw httpx ``AsyncClient`` or raw
+  ``aiohttp.ClientSession`` + ``json.loads``, ``AsyncRerankClient.rerank``, or
+  ``RerankStage.arun``), behind ``--delay-ms`` of server latency (default 20, the throughput
+  target's setting).
 
 pyinstrument prints the main thread's call tree. It does not sample the BatchSpanProcessor's
 exporter thread; for CPU in every thread run the workload under py-spy and summarise it::
@@ -35,7 +37,7 @@ from .fixtures import DOCS, QUERY, LocalServer, candidates, sampled_out_provider
 from .harness import drive
 
 SYNC = ("traced", "sampled-out", "client")
-ASYNC = ("async-raw", "async-sampled-out", "async-traced")
+ASYNC = ("async-raw", "async-raw-aiohttp", "async-client", "async-sampled-out", "async-traced")
 
 
 def summarize(path: Path, top: int = 25, under: str | None = None) -> str:
@@ -86,6 +88,7 @@ def _async_workload(what: str, base_url: str, provider: Any, calls: int) -> Call
 
     async def main() -> None:
         fn: Callable[[], Awaitable[object]]
+        close: Callable[[], Awaitable[object]]
         if what == "async-raw":
             http = httpx.AsyncClient()
 
@@ -95,7 +98,25 @@ def _async_workload(what: str, base_url: str, provider: Any, calls: int) -> Call
                 )
                 return json.loads(response.content)
 
-            fn = raw
+            fn, close = raw, http.aclose
+        elif what == "async-raw-aiohttp":
+            import aiohttp
+
+            session = aiohttp.ClientSession()
+            payload = {"query": QUERY, "texts": texts}
+
+            async def raw_aiohttp() -> object:
+                async with session.post(base_url + "/rerank", json=payload) as response:
+                    return json.loads(await response.read())
+
+            fn, close = raw_aiohttp, session.close
+        elif what == "async-client":
+            client = AsyncRerankClient(base_url, batch_size=DOCS)
+
+            async def rerank() -> object:
+                return await client.rerank(QUERY, texts)
+
+            fn, close = rerank, client.aclose
         else:
             stage = RerankStage(
                 AsyncRerankClient(base_url, batch_size=DOCS),
@@ -105,8 +126,11 @@ def _async_workload(what: str, base_url: str, provider: Any, calls: int) -> Call
             async def arun() -> object:
                 return await stage.arun(QUERY, cands)
 
-            fn = arun
-        await drive(fn, calls, 64)
+            fn, close = arun, stage.reranker.aclose
+        try:
+            await drive(fn, calls, 64)
+        finally:
+            await close()
 
     return lambda: asyncio.run(main())
 

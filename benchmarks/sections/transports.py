@@ -11,6 +11,9 @@ client that slows with age shows it in later rounds. Variants take turns round b
 rotating; ratios are per round, median and range reported. CPU per call is process time (every
 thread, the exporter's included) over the block; new connections per call come from the
 server's accept count.
+
+The sync path's target (`RerankClient` <= 1.10x a raw `httpx.Client` call's CPU) is measured in
+the same section, after the async rounds: both sequential at 0 ms, interleaved round by round.
 """
 
 from __future__ import annotations
@@ -24,10 +27,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..fixtures import DOCS, QUERY, LocalServer, candidates, sampled_out_provider, traced_provider
-from ..harness import Scale, drive, per_round
+from ..harness import Scale, drive, interleaved, per_round
 from ..report import Row, verdict
 
-SCALE = {"transports_rounds": (5, 1), "transports_calls": (1536, 256)}
+SCALE = {
+    "transports_rounds": (5, 1),
+    "transports_calls": (1536, 256),
+    "transports_sync_rounds": (9, 2),
+    "transports_sync_calls": (100, 10),
+}
 
 CONCURRENCY = 64
 DELAY_MS = 20
@@ -42,6 +50,10 @@ STAGE_OFF = "RerankStage.arun, sampled out"
 STAGE_ON = "RerankStage.arun, traced (fast OTLP to loopback)"
 
 TARGETS = {CLIENT: 0.85, STAGE_OFF: 0.8, STAGE_ON: 0.5}
+
+SYNC_RAW = "raw httpx.Client"
+SYNC_CLIENT = "RerankClient (sync)"
+SYNC_TARGET = 1.10
 
 
 def rounds_of(scale: Scale) -> tuple[int, int]:
@@ -146,6 +158,30 @@ async def _measure(
     return out
 
 
+def _measure_sync(server: LocalServer, scale: Scale) -> dict[str, list[float]]:
+    """CPU seconds per call, per round: `RerankClient` and a raw `httpx.Client` loop, 0 ms."""
+    import httpx
+
+    from retrieval_stage import RerankClient
+
+    texts = [c.text for c in candidates(DOCS)]
+    url = server.url + "/rerank"
+    with httpx.Client() as raw_http, RerankClient(server.url, batch_size=DOCS) as client:
+
+        def raw() -> object:
+            return json.loads(raw_http.post(url, json={"query": QUERY, "texts": texts}).content)
+
+        variants: dict[str, Callable[[], object]] = {
+            SYNC_RAW: raw,
+            SYNC_CLIENT: lambda: client.rerank(QUERY, texts),
+        }
+        for fn in variants.values():  # warm connections and caches
+            for _ in range(20):
+                fn()
+        rounds, calls = scale.transports_sync_rounds, scale.transports_sync_calls
+        return interleaved(variants, rounds=rounds, calls=calls).cpu
+
+
 def measure(
     server: LocalServer,
     scale: Scale,
@@ -153,6 +189,7 @@ def measure(
 ) -> dict[str, Any]:
     """Calls per second and CPU per call of every variant; the targets as per-round ratios."""
     samples = asyncio.run(_measure(server, scale, extra))
+    sync_cpu = _measure_sync(server, scale)
     rates, cpu = samples["calls_per_second"], samples["cpu_seconds_per_call"]
     return {
         "concurrency": CONCURRENCY,
@@ -166,6 +203,9 @@ def measure(
         "over_raw_aiohttp": {n: per_round(v, rates[RAW_AIOHTTP]) for n, v in rates.items()},
         "over_raw_httpx": {n: per_round(v, rates[RAW_HTTPX]) for n, v in rates.items()},
         "tracing_cpu_in_raw_aiohttp_calls": _extra_cost(cpu),
+        "sync_cpu_samples": sync_cpu,
+        "sync_cpu_us_per_call": {n: statistics.median(v) * 1e6 for n, v in sync_cpu.items()},
+        "sync_client_cpu_over_raw": per_round(sync_cpu[SYNC_CLIENT], sync_cpu[SYNC_RAW]),
     }
 
 
@@ -190,6 +230,16 @@ def targets(t: dict[str, Any], results: dict[str, Any]) -> list[Row]:
                 f"{ratio['median']:.2f}x ({ratio['min']:.2f}-{ratio['max']:.2f})",
                 f">= {target}x",
                 verdict(ratio["median"] >= target),
+            )
+        )
+    sync = t.get("sync_client_cpu_over_raw")
+    if sync is not None:  # results saved before the sync row existed lack it
+        out.append(
+            (
+                f"{SYNC_CLIENT} / {SYNC_RAW}, CPU per call, sequential, 0 ms",
+                f"{sync['median']:.2f}x ({sync['min']:.2f}-{sync['max']:.2f})",
+                f"<= {SYNC_TARGET}x",
+                verdict(sync["median"] <= SYNC_TARGET),
             )
         )
     return out
@@ -219,4 +269,6 @@ def rows(t: dict[str, Any], results: dict[str, Any]) -> list[Row]:
                 "",
             )
         )
+    for name, us in t.get("sync_cpu_us_per_call", {}).items():
+        out.append((f"{name}, sequential, 0 ms: CPU us/call", f"{us:.0f}", "(context)", ""))
     return out

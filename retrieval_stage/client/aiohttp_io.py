@@ -30,7 +30,13 @@ import httpx
 
 from .body import ACCEPT_ENCODING, read_body
 
-__all__ = ["AiohttpIO", "environment_proxy", "httpx_error", "httpx_error_type"]
+__all__ = [
+    "AiohttpIO",
+    "GuardedConnector",
+    "environment_proxy",
+    "httpx_error",
+    "httpx_error_type",
+]
 
 # Most specific first (`ClientConnectorError` is a `ClientOSError`, `ConnectionTimeoutError` a
 # `ServerTimeoutError`). Each target is what httpx's own transport raises for the same failure,
@@ -77,6 +83,26 @@ def environment_proxy(url: str) -> str | None:
     return proxies.get(parts.scheme) or proxies.get("all")
 
 
+class GuardedConnector(aiohttp.TCPConnector):
+    """aiohttp's TCP connector, never handing out a pooled connection with bytes queued.
+
+    Bytes that reach an idle pooled connection (a late second answer, unsolicited) are parsed
+    and queued by aiohttp, and handed to the next request on it as its answer; the protocol
+    says so through ``should_close``. Such a connection is closed at checkout and another one
+    taken (`framing` says what each transport does with bytes beyond an answer).
+    """
+
+    async def connect(
+        self, req: aiohttp.ClientRequest, traces: list[Any], timeout: aiohttp.ClientTimeout
+    ) -> aiohttp.connector.Connection:
+        while True:
+            conn = await super().connect(req, traces, timeout)
+            protocol = conn.protocol
+            if protocol is None or not protocol.should_close:
+                return conn
+            conn.close()  # the transport closed, its slot freed: never pooled again
+
+
 class AiohttpIO:
     """One aiohttp session, opened on first use inside the running loop, closed by `aclose`."""
 
@@ -99,7 +125,7 @@ class AiohttpIO:
         return self._ssl if isinstance(self._ssl, ssl.SSLContext) else None
 
     def _open(self) -> aiohttp.ClientSession:
-        connector = aiohttp.TCPConnector(limit=100, keepalive_timeout=5.0, ssl=self._ssl)
+        connector = GuardedConnector(limit=100, keepalive_timeout=5.0, ssl=self._ssl)
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=self._timeout, auto_decompress=False, trust_env=False
         )

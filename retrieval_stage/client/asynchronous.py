@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -21,6 +21,7 @@ from ..models import RerankResponse
 from .body import already_read, read_body
 from .core import ClientCore
 from .flow import Call
+from .framing import OverfullGuard
 from .json_steps import async_reply
 from .steps import Finished, Flow, Fork, Pairs, Reply, Send, Sleep, advance
 
@@ -218,5 +219,14 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
             if response.is_stream_consumed:  # a transport that read it (a test's mock)
                 content = already_read(response.content, limit)
             else:
-                content = await read_body(response.headers, response.aiter_raw(), limit)
+                content = await read_body(response.headers, _guarded(response), limit)
             return response.status_code, response.headers, content
+
+
+async def _guarded(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The raw body, watched by `OverfullGuard`: a connection that brought bytes beyond the
+    answer is closed, never handed to the next request."""
+    guard = OverfullGuard(response)
+    async for chunk in response.aiter_raw():
+        guard.feed(chunk)
+        yield chunk

@@ -265,17 +265,18 @@ class Call:
         """
         plan = self.plan
         n = len(batch)
-        hay = self.hay()
+        # The haystack (every text sent, in every escaped form) is built only when a server
+        # text is to be cleaned: a good answer without a model string never needs it.
         if reply.is_success:
             try:
                 body = reply.json()
             except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
                 kind = reply.headers.get("content-type", "unknown content-type")
-                kind = clean(kind, hay, plan.secrets, 80)
+                kind = clean(kind, self.hay(), plan.secrets, 80)
                 # The secrets whole, before the cut below could split one.
                 content = without_secrets_bytes(reply.content[:4096], plan.secrets)
                 head = content[:200].decode("utf-8", errors="replace")
-                snippet = clean(head, hay, plan.secrets, limit=60)
+                snippet = clean(head, self.hay(), plan.secrets, limit=60)
                 return _Attempt(error=self._not_ours(f"not valid JSON ({kind}): {snippet!r}"))
             try:
                 parsed = parse_response(
@@ -284,13 +285,15 @@ class Call:
             except RerankProtocolError as exc:
                 # The detail may quote a value from the body: a document echoed as an index.
                 said = str(exc).removeprefix(f"{plan.provider}: ")
-                return _Attempt(error=self._not_ours(clean(said, hay, plan.secrets)))
+                return _Attempt(error=self._not_ours(clean(said, self.hay(), plan.secrets)))
             if parsed.model is not None:
-                parsed = ParsedBatch(parsed.pairs, parsed.usage, self._model(parsed.model, hay))
+                parsed = ParsedBatch(
+                    parsed.pairs, parsed.usage, self._model(parsed.model, self.hay())
+                )
             return _Attempt(parsed=parsed)
         status = reply.status_code
         if 300 <= status < 400:
-            location = clean(shown_url(reply.headers.get("location", "")), hay, plan.secrets)
+            location = clean(shown_url(reply.headers.get("location", "")), self.hay(), plan.secrets)
             return _Attempt(error=RerankRedirectError(status, location, provider=plan.provider))
         message = server_text(reply.content, self.hay(), plan.secrets)
         error = RerankStatusError(

@@ -19,6 +19,7 @@ from .body import BodyReader, already_read
 from .core import ClientCore
 from .deadline_io import CALL_DEADLINE, DeadlineTransport, http_proxies_only
 from .flow import Call
+from .framing import OverfullGuard
 from .steps import EXPIRED, Finished, Flow, Pairs, Reply, Send, Sleep, advance
 
 __all__ = ["RerankClient"]
@@ -136,7 +137,9 @@ class RerankClient(ClientCore[httpx.Client]):
                     return Reply(response.status_code, response.headers,
                                  already_read(response.content, limit))  # fmt: skip
                 reader = BodyReader(response.headers, limit)
+                guard = OverfullGuard(response)  # bytes beyond the answer: never reused
                 for chunk in response.iter_raw():
+                    guard.feed(chunk)
                     reader.feed(chunk)
                     if call.deadline.expired():
                         return EXPIRED
