@@ -28,6 +28,7 @@ from .embedding import (
     AsyncEmbeddingReranker,
     EmbeddingCache,
     EmbeddingReranker,
+    choose_backend,
 )
 from .lexical import LexicalReranker
 
@@ -44,6 +45,7 @@ __all__ = [
     "EmbeddingReranker",
     "LexicalReranker",
     "UnsupportedModelError",
+    "choose_backend",
     "embedding_available",
     "light_embedding_available",
     "local_available",
