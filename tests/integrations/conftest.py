@@ -7,12 +7,17 @@ under test is given the same provider, so its spans and the framework's land tog
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+# Haystack sends usage telemetry to PostHog (eu.i.posthog.com) unless told not to; test traffic
+# stays on loopback. Set before any test module imports haystack; subprocesses inherit it.
+os.environ["HAYSTACK_TELEMETRY_ENABLED"] = "False"
 
 _EXPORTER = InMemorySpanExporter()
 _PROVIDER = TracerProvider()

@@ -47,13 +47,26 @@ def _provider(phoenix: str, project: str) -> TracerProvider:
     return provider
 
 
-def _spans(phoenix: str, project: str, expected: int) -> list[dict[str, Any]]:
-    """The project's spans once Phoenix has stored at least `expected` of them."""
+def _whole(spans: list[dict[str, Any]]) -> bool:
+    """True once a RERANKER span is there and every span's parent is too.
+
+    Phoenix stores what it receives through a queue, so right after the exporter returns it
+    may hold the children of a trace and not yet their parents (the root span ends, and is
+    exported, last). A count of spans says nothing about which ones arrived.
+    """
+    ids = {s["context"]["span_id"] for s in spans}
+    return any(s["span_kind"] == "RERANKER" for s in spans) and all(
+        s["parent_id"] is None or s["parent_id"] in ids for s in spans
+    )
+
+
+def _spans(phoenix: str, project: str) -> list[dict[str, Any]]:
+    """The project's spans once Phoenix holds a whole trace (or what it holds at the deadline)."""
     deadline = time.monotonic() + INGEST_SECONDS
     while True:
         reply = httpx.get(f"{phoenix}/v1/projects/{project}/spans", params={"limit": 1000})
         data: list[dict[str, Any]] = reply.json()["data"] if reply.status_code == 200 else []
-        if len(data) >= expected or time.monotonic() > deadline:
+        if _whole(data) or time.monotonic() > deadline:
             return data
         time.sleep(0.25)
 
@@ -74,8 +87,9 @@ def _read_back(spans: list[dict[str, Any]], framework: str) -> dict[str, Any]:
     ours = rerankers[0]
     by_id = {s["context"]["span_id"]: s for s in spans}
     chain = [ours]
-    while chain[-1]["parent_id"] is not None:
-        chain.append(by_id[chain[-1]["parent_id"]])
+    while (parent := chain[-1]["parent_id"]) is not None:
+        assert parent in by_id, f"Phoenix never stored span {parent}, parent of {chain[-1]['name']}"
+        chain.append(by_id[parent])
     assert len(chain) > 1, "the RERANKER span is a root: it landed in a trace of its own"
     assert {s["context"]["trace_id"] for s in chain} == {ours["context"]["trace_id"]}
     attributes = ours["attributes"]
@@ -129,7 +143,7 @@ def test_llama_index_one_reranker_span_in_phoenix(phoenix: str) -> None:
         instrumentor.uninstrument()
         provider.shutdown()
 
-    ours = _read_back(_spans(phoenix, "llama-index", 2), "llama-index")
+    ours = _read_back(_spans(phoenix, "llama-index"), "llama-index")
     _scores_in_and_out(ours, [(i, s) for i, (_, s) in TEXTS.items()])
 
 
@@ -159,7 +173,7 @@ def test_langchain_one_reranker_span_in_phoenix(phoenix: str) -> None:
         instrumentor.uninstrument()
         provider.shutdown()
 
-    ours = _read_back(_spans(phoenix, "langchain", 3), "langchain")
+    ours = _read_back(_spans(phoenix, "langchain"), "langchain")
     _scores_in_and_out(ours, [(i, s) for i, (_, s) in TEXTS.items()])
 
 
@@ -191,6 +205,6 @@ def test_haystack_one_reranker_span_in_phoenix(phoenix: str) -> None:
         instrumentor.uninstrument()
         provider.shutdown()
 
-    ours = _read_back(_spans(phoenix, "haystack", 4), "haystack")
+    ours = _read_back(_spans(phoenix, "haystack"), "haystack")
     bm25 = [(d.id, d.score) for d in result["retriever"]["documents"]]
     _scores_in_and_out(ours, bm25)
