@@ -234,7 +234,7 @@ class ChainMetrics:
 
     Every point carries the tier's index (`ATTR_TIER`), its provider and its configured model
     (never a server's string); a tier call's ``retrieval_stage.outcome`` is ``ok``, ``error``
-    (a `RerankError`), ``skipped_open`` (its circuit was open: no request) or
+    (a `RerankError`), ``skipped_circuit_open`` (its circuit was open: no request) or
     ``skipped_deadline`` (the chain's deadline had run out before its turn).
     """
 

@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from ruamel.yaml import YAML
 
 from retrieval_stage import Candidate, RerankError, RerankStage
+from retrieval_stage.chain import RerankerChain
 
 from ..fakes import ByLength, Failing
 
@@ -139,6 +140,13 @@ def emitted() -> dict[str, Any]:
     stage(broken(), "fallback").run("q", CANDIDATES)
     with pytest.raises(RerankError):
         stage(broken(), "raise").run("q", CANDIDATES)
+    # A chain's own counters (the failover row): the primary fails and its circuit opens, the
+    # secondary answers; the next call skips the open primary.
+    chain = RerankerChain(
+        [broken(), ByLength(**FAKE)], failure_threshold=1, meter_provider=meter_provider
+    )
+    for _ in range(2):
+        chain.rerank("q", ["short", "a much longer passage"])
 
     spans = exporter.get_finished_spans()
     span_keys: set[str] = set()

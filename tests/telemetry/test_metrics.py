@@ -316,6 +316,7 @@ def test_otel_metrics_exporter_none_builds_no_reader(monkeypatch: pytest.MonkeyP
 
     provider = configure_metrics()
     RerankMetrics(provider).record(**OK_CALL)  # instruments exist and do nothing
+    assert provider._metric_readers == []  # SDK-private, but nothing public lists the readers
     provider.shutdown()
 
 
