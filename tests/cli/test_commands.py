@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+from resource import RUSAGE_CHILDREN, getrusage
 from typing import Any
 
 import pytest
@@ -82,15 +82,18 @@ def jsonl(text: str) -> list[dict[str, Any]]:
 
 
 DEMO_BUDGET_S = 20.0
-"""What the demo may take on an idle machine (model-free: the lexical reranker)."""
+"""CPU seconds the demo may use (imports, the embedding model, a traced pipeline). CPU time
+of the child, not wall time: on a shared 2-core machine under load the wall clock says more
+about the neighbours than about the demo."""
 SLOW_MACHINE_MARGIN_S = 40.0
-"""Added for a shared, loaded 2-core machine: a subprocess's imports alone can take seconds."""
+"""Added for a slow machine: a cold import of torch alone can take seconds of CPU."""
 
 
 def test_installed_script_runs_demo_offline_and_says_which_reranker_ran() -> None:
-    started = time.monotonic()
+    before = getrusage(RUSAGE_CHILDREN)
     done = run_script("demo")
-    elapsed = time.monotonic() - started
+    after = getrusage(RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert done.returncode == 0, done.stderr
     if packaged_model_installed():  # auto, offline, no cross-encoder on disk: MiniLM
         assert "reranker: embedding model sentence-transformers/all-MiniLM-L6-v2" in flat(
@@ -109,7 +112,7 @@ def test_installed_script_runs_demo_offline_and_says_which_reranker_ran() -> Non
     assert "pipeline (CHAIN) → recall (RETRIEVER), rerank (RERANKER)" in flat(done.stderr)
     assert "not exported" in flat(done.stderr)
     assert "Traceback" not in done.stderr
-    assert elapsed < DEMO_BUDGET_S + SLOW_MACHINE_MARGIN_S
+    assert cpu < DEMO_BUDGET_S + SLOW_MACHINE_MARGIN_S
 
 
 def test_installed_script_reports_the_bad_line_exits_2_and_writes_nothing() -> None:
