@@ -95,24 +95,21 @@ def _lengths(tokenizer: Any, first: Sequence[str], second: Sequence[str] | None)
     return [len(ids) for ids in encoded["input_ids"]]
 
 
-class CrossEncoderScorer:
-    """A sentence-transformers cross-encoder (`retrieval_stage.local.CrossEncoderReranker`):
-    each (query, text) pair read together; scores through the model's activation (a sigmoid
-    for one label, as TEI applies) unless ``raw_scores``."""
+class _InProcessScorer:
+    """What the two in-process models share: the library reranker behind them, its name, its
+    input length once loaded, and a request-side copy of its tokenizer (`_counter`)."""
 
-    kind = "local"
     splittable = True
 
-    def __init__(self, model: str, *, batch_size: int = 32) -> None:
-        from ..local import CrossEncoderReranker
-
-        self.reranker = CrossEncoderReranker(model, batch_size=batch_size, device="cpu")
+    def __init__(self, reranker: Any) -> None:
+        self.reranker = reranker
         self._counter: Any = None
         self._max_length = 512
 
     @property
     def model_id(self) -> str:
-        return self.reranker.model_name
+        name: str = self.reranker.model_name
+        return name
 
     @property
     def max_input_length(self) -> int:
@@ -121,7 +118,20 @@ class CrossEncoderScorer:
     def load(self) -> None:
         self.reranker.load()
         self._max_length = self.reranker.max_input_length
-        self._counter = copy.deepcopy(self.reranker.tokenizer)
+        self._counter = _counter(self.reranker.tokenizer)
+
+
+class CrossEncoderScorer(_InProcessScorer):
+    """A sentence-transformers cross-encoder (`retrieval_stage.local.CrossEncoderReranker`):
+    each (query, text) pair read together; scores through the model's activation (a sigmoid
+    for one label, as TEI applies) unless ``raw_scores``."""
+
+    kind = "local"
+
+    def __init__(self, model: str, *, batch_size: int = 32) -> None:
+        from ..local import CrossEncoderReranker
+
+        super().__init__(CrossEncoderReranker(model, batch_size=batch_size, device="cpu"))
 
     def count(self, query: str, texts: Sequence[str]) -> tuple[int, list[int]]:
         return _lengths(self._counter, [query], None)[0], _lengths(
@@ -142,14 +152,13 @@ class CrossEncoderScorer:
         return out
 
 
-class EmbeddingScorer:
+class EmbeddingScorer(_InProcessScorer):
     """An embedding model (`retrieval_stage.local.EmbeddingReranker`, numpy or
     sentence-transformers as `RETRIEVAL_STAGE_EMBEDDING_BACKEND` says, default ``auto``):
     the cosine of the query's and each text's normalised embeddings, a bi-encoder's score.
     ``raw_scores`` changes nothing: a cosine has no activation to skip."""
 
     kind = "embedding"
-    splittable = True
 
     def __init__(
         self,
@@ -162,28 +171,15 @@ class EmbeddingScorer:
         from ..local import EmbeddingCache, EmbeddingReranker
 
         cache = EmbeddingCache(cache_size) if cache_size > 0 else None
-        self.reranker = EmbeddingReranker(
-            model,
-            batch_size=batch_size,
-            device="cpu",
-            cache=cache,
-            threads=threads if threads is not None else 1,  # the numpy backend's BLAS threads
+        super().__init__(
+            EmbeddingReranker(
+                model,
+                batch_size=batch_size,
+                device="cpu",
+                cache=cache,
+                threads=threads if threads is not None else 1,  # the numpy backend's BLAS threads
+            )
         )
-        self._counter: Any = None
-        self._max_length = 512
-
-    @property
-    def model_id(self) -> str:
-        return self.reranker.model_name
-
-    @property
-    def max_input_length(self) -> int:
-        return self._max_length
-
-    def load(self) -> None:
-        self.reranker.load()
-        self._max_length = self.reranker.max_input_length
-        self._counter = _counter(self.reranker.tokenizer)
 
     def count(self, query: str, texts: Sequence[str]) -> tuple[int, list[int]]:
         return _lengths(self._counter, [query], None)[0], _lengths(self._counter, texts, None)
