@@ -236,8 +236,8 @@ def _walk(
     scores not best first (not from the stage) go the general way, `kendall_tau_b`.
     """
     n_ranks = len(recall)
-    # recall_order is a permutation of the input positions: increasing, it is the identity
-    # (the candidates came in recall order, as a retriever returns them) and its own inverse.
+    # recall_order is a permutation of the input positions. The identity (the candidates came
+    # in recall order, as a retriever returns them) is its own inverse.
     identity, bit, below = _masks(n_ranks)
     if recall == identity[:n_ranks]:
         rank_of = recall
@@ -290,7 +290,7 @@ def _tau_b_of_ranks(
     return kendall_tau_b([-rank_of[p] for p, _ in pairs], [s for _, s in pairs])
 
 
-_MASK_CACHE_LIMIT = 1024  # kept for up to this many candidates (about 200 kB)
+_MASK_CACHE_LIMIT = 1024  # kept for up to this many candidates (about 250 kB)
 _TABLES: tuple[list[int], list[int], list[int]] = ([], [], [])
 
 
