@@ -20,8 +20,9 @@ have collapsed (every pair 0.5).
 - `top_score`, `score_margin`: the best rerank score, and the best minus the second best.
 
 Everything here is pure and cheap, so it can run on every traced call: `rerank_quality`
-derives all five signals from one list (each scored candidate's recall rank, in rerank order)
-with C-speed building blocks; for 50 candidates it costs less than the stage's own result check
+derives all five signals from one walk down the scored candidates, keeping the recall ranks
+seen so far as the bits of an int (an `&` and a popcount per candidate, no sorting, no dict);
+for 50 candidates it costs about a third of the stage's own result check
 (``python -m benchmarks --only quality``; figures in docs/quality.md).
 """
 
@@ -33,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
-from operator import ge, gt, lt, neg
+from operator import ge, gt, lt
 from typing import Any
 
 from .models import Candidate, recall_order
@@ -190,10 +191,11 @@ def rerank_quality(
     k is min(top_k, number scored), so a call asking for more than there are compares what
     there is, and a reranker that returned recall's order has overlap 1.
 
-    All five signals come from one list, each scored candidate's 0-based recall rank in
-    rerank order (`ranks`): overlap counts the ranks below k among the first k, the deepest
-    promotion is their largest, and tau counts the pairs whose ranks rise (see
-    `_tau_b_of_ranks`). IndexError when a position is not one of the candidates'.
+    All five signals come from one walk down `scored` (`_walk`), which keeps the set of
+    recall ranks seen so far as the bits of an int: after the first k, overlap is how many of
+    its bits are below k and the deepest promotion its highest bit; tau-b counts, for each
+    candidate, the better-ranked ones above it. IndexError when a position is not one of the
+    candidates'.
     """
     if not scored:
         return _NOTHING_SCORED
@@ -201,55 +203,112 @@ def rerank_quality(
         recall = recall_order(candidates)
     n_scored = len(scored)
     k = n_scored if top_k is None else min(top_k, n_scored)
-    positions, scores = zip(*scored, strict=True)
-    # `recall` lists input positions by recall rank; sorting the ranks by the position each
-    # holds inverts it (rank of each input position), at C speed.
-    rank_of = sorted(range(len(recall)), key=recall.__getitem__)
-    ranks = list(map(rank_of.__getitem__, positions))
-    top = ranks[:k]
-    tau = None
     # Recall ranked something above something else: its order (scores high to low, unscored
-    # last) does not start and end on the same score.
-    if candidates[recall[0]].score != candidates[recall[-1]].score:
-        tau = _tau_b_of_ranks(ranks, scores)
+    # last) does not start and end on the same score. Else tau is undefined and only the
+    # first k need walking.
+    ordered = n_scored >= 2 and candidates[recall[0]].score != candidates[recall[-1]].score
+    top, tau = _walk(scored, recall, k, ordered)
+    top_score = scored[0][1]
     return RerankQuality(
-        kendall_tau=tau,
-        topk_overlap=sum(map(k.__gt__, top)) / k,
-        max_promotion=max(top) + 1,
-        top_score=scores[0],
-        score_margin=scores[0] - scores[1] if n_scored >= 2 else None,
+        kendall_tau=tau if ordered else None,
+        topk_overlap=(top & ((1 << k) - 1)).bit_count() / k,
+        max_promotion=top.bit_length(),
+        top_score=top_score,
+        score_margin=top_score - scored[1][1] if n_scored >= 2 else None,
     )
 
 
-def _tau_b_of_ranks(ranks: list[int], scores: Sequence[float]) -> float | None:
-    """Kendall's tau-b between recall order and rerank scores, for `ranks` distinct recall
-    ranks (lower is better) listed in the order of `scores` (the reranker's, best first).
+def _walk(
+    scored: Sequence[tuple[int, float]], recall: Sequence[int], k: int, full: bool
+) -> tuple[int, float | None]:
+    """The recall ranks of the first k of `scored` as the bits of an int, and Kendall's tau-b
+    between recall order and the scores (None where undefined) of all of `scored` when `full`,
+    else of the first k only (a tau the caller drops: recall expressed no order).
 
-    Ranks never tie (recall ties are broken by input position), so tau-b's denominator is
-    sqrt(n0 * (n0 - ties in scores)). A pair is concordant when the reranker put first the
-    candidate recall ranked higher (a rise in `ranks`), discordant otherwise; a pair tied in
-    score is neither. With ties, each run of equal scores is put in rank order first (two
-    stable sorts, in C): its own pairs then all rise, so they are taken back as a whole, and
-    its pairs with everything outside it are counted as before. Scores not best first go the
-    general way (`kendall_tau_b`).
+    Each candidate's recall rank r (0 best; distinct, recall ties being broken by input
+    position) is bit r of `seen`. A pair is concordant when the reranker put first the
+    candidate recall ranked better: walking down, each candidate is concordant with the
+    better-ranked ones above it, the bits of `before` below r (one `&` and a popcount), and
+    discordant with the rest above it. A pair tied in score is neither: `before` is `seen` as
+    it was when the current run of equal scores began, and `tied` counts the run's pairs
+    (each member adds the run's earlier ones). Ranks never tie, so tau-b's denominator is
+    sqrt(n0 * (n0 - tied)). Every score equal (a collapsed reranker) leaves tau undefined;
+    scores not best first (not from the stage) go the general way, `kendall_tau_b`.
     """
-    n = len(ranks)
-    if n < 2:
-        return None
-    n0 = n * (n - 1) // 2
-    if all(map(gt, scores, islice(scores, 1, None))):  # no ties: the common case
-        return (2 * _rising_pairs(ranks) - n0) / n0
-    if not all(map(ge, scores, islice(scores, 1, None))):  # not best first
-        return kendall_tau_b(list(map(neg, ranks)), scores)
-    if scores[0] == scores[-1]:  # every score equal (a collapsed reranker): undefined
-        return None
-    ties = sum(c * (c - 1) // 2 for c in Counter(scores).values() if c > 1)
-    score_of = dict(zip(ranks, scores, strict=True))
-    # Best score first, and within a run of equal scores lowest rank first (`reverse` keeps
-    # the order of equal keys).
-    runs_in_rank_order = sorted(sorted(ranks), key=score_of.__getitem__, reverse=True)
-    balance = 2 * (_rising_pairs(runs_in_rank_order) - ties) - (n0 - ties)
-    return balance / math.sqrt(n0 * (n0 - ties))
+    n_ranks = len(recall)
+    # recall_order is a permutation of the input positions. The identity (the candidates came
+    # in recall order, as a retriever returns them) is its own inverse.
+    identity, bit, below = _masks(n_ranks)
+    if recall == identity[:n_ranks]:
+        rank_of = recall
+    else:  # inverted (for 50, a loop beats sorting the ranks by the position each holds)
+        rank_of = [0] * n_ranks
+        for rank, position in enumerate(recall):
+            rank_of[position] = rank
+    seen = before = concordant = tied = 0
+    run = -1  # the current run's members so far, less one
+    prev = scored[0][1]
+    tops = []
+    rest = iter(scored)
+    depth = len(scored) if full else k
+    for part in (islice(rest, k), rest if full else ()):
+        for position, score in part:
+            rank = rank_of[position]
+            if score < prev:  # a new run of scores
+                before = seen
+                run = 0
+                prev = score
+            elif score == prev:
+                run += 1
+                tied += run
+            else:  # not best first
+                return _top_of(scored, rank_of, k), _tau_b_of_ranks(scored, rank_of, depth)
+            concordant += (before & below[rank]).bit_count()
+            seen |= bit[rank]
+        tops.append(seen)
+    n0 = depth * (depth - 1) // 2
+    if depth < 2 or tied == n0:
+        return tops[0], None
+    balance = 2 * concordant - (n0 - tied)
+    return tops[0], balance / n0 if not tied else balance / math.sqrt(n0 * (n0 - tied))
+
+
+def _top_of(scored: Sequence[tuple[int, float]], rank_of: Sequence[int], k: int) -> int:
+    """The recall ranks of the first k of `scored` as the bits of an int (`_walk`'s `top`)."""
+    top = 0
+    for position, _ in islice(scored, k):
+        top |= 1 << rank_of[position]
+    return top
+
+
+def _tau_b_of_ranks(
+    scored: Sequence[tuple[int, float]], rank_of: Sequence[int], depth: int
+) -> float | None:
+    """Kendall's tau-b between recall order (rank 0 best) and the scores of the first `depth`
+    of `scored` in any order: the general `kendall_tau_b` on the negated ranks."""
+    pairs = scored[:depth]
+    return kendall_tau_b([-rank_of[p] for p, _ in pairs], [s for _, s in pairs])
+
+
+_MASK_CACHE_LIMIT = 1024  # kept for up to this many candidates (about 250 kB)
+_TABLES: tuple[list[int], list[int], list[int]] = ([], [], [])
+
+
+def _masks(n: int) -> tuple[list[int], list[int], list[int]]:
+    """r, 1 << r and (1 << r) - 1 for r < n (at least): the identity ranking, and the bits
+    `_walk`'s loop looks up rather than shifts. Kept for up to `_MASK_CACHE_LIMIT` candidates;
+    rebound as a whole, never extended in place, so a thread holding the old ones still holds
+    correct ones."""
+    global _TABLES
+    tables = _TABLES
+    if n <= len(tables[0]):
+        return tables
+    size = max(64, 1 << (n - 1).bit_length())
+    bit = [1 << r for r in range(size)]
+    tables = (list(range(size)), bit, [b - 1 for b in bit])
+    if size <= _MASK_CACHE_LIMIT:
+        _TABLES = tables
+    return tables
 
 
 def _rising_pairs(values: Sequence[float]) -> int:

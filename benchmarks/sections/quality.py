@@ -1,12 +1,16 @@
 """quality: target (issue 28): the label-free quality signals cost <= 20 µs per 50-document call.
 
 Pure CPU, no server for the signals themselves: `rerank_quality` on 50 candidates as the stage
-calls it (recall order already at hand), with the orders a stage sees: the reranker reorders,
-keeps recall's order, ties half its scores, collapses every score to one value, or is given
-no recall scores. Beside them, in the same interleaved rounds: what the stage already does per
-call on the same input (`map_results`), ``scipy.stats.kendalltau`` on the same pairs, and one
-raw httpx call to the local server (TEI shape, 0 ms; its CPU, the unit the overhead section
-reports in).
+calls it (recall order already at hand), with the orders a stage sees: the reranker reorders
+(candidates handed over in recall order, as a retriever returns them, or not), keeps recall's
+order, ties half its scores, collapses every score to one value, or is given no recall scores.
+Beside them, in the same interleaved rounds: what the stage already does per call on the same
+input (`map_results`), ``scipy.stats.kendalltau`` on the same pairs, what the stage does with
+the signals once computed (the span attributes; the histogram points, through an SDK
+MeterProvider: outside the budget, which is the signals'), and one raw httpx call to the local
+server (TEI shape, 0 ms; its CPU, the unit the overhead section reports in). The stage's
+`recall_order` is not counted: the stage computes it for every call (`top1_changed`) and
+hands it over.
 
 Each variant runs a block of calls per round (`timeit`: garbage collection off during the
 block), variants taking turns in an order rotating round by round; the figure is the
@@ -43,6 +47,8 @@ TOP_K = 10
 SIGNALS = "rerank_quality"
 MAP_RESULTS = "map_results (the stage's result check)"
 SCIPY = "scipy.stats.kendalltau"
+ATTRIBUTES = "span attributes (RerankQuality.attributes)"
+RECORD = "histograms (RerankMetrics.record_quality, SDK MeterProvider)"
 RAW = "raw httpx call (CPU)"
 
 
@@ -57,8 +63,11 @@ def _scenarios(rng: random.Random) -> dict[str, tuple[list[Any], list[tuple[int,
         return sorted(enumerate(scores), key=lambda p: (-p[1], p[0]))
 
     shuffled = [rng.random() for _ in range(DOCS)]
+    out_of_order = given[:]  # the same candidates, handed over not in recall order
+    rng.shuffle(out_of_order)
     return {
         "reorders": (given, ranked(shuffled)),
+        "reorders, input not in recall order": (out_of_order, ranked(shuffled)),
         "keeps recall order": (given, ranked([1.0 - i / DOCS for i in range(DOCS)])),
         "half the scores tied": (given, ranked([round(s * 25) / 25 for s in shuffled])),
         "scores collapsed (all 0.5)": (given, ranked([0.5] * DOCS)),
@@ -69,8 +78,11 @@ def _scenarios(rng: random.Random) -> dict[str, tuple[list[Any], list[tuple[int,
 def measure(server: LocalServer, scale: Scale) -> dict[str, Any]:
     """Per-call time of the signals in each scenario and of the references, interleaved."""
     import httpx
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from scipy import stats
 
+    from retrieval_stage.metrics import RerankMetrics
     from retrieval_stage.models import recall_order
     from retrieval_stage.quality import rerank_quality
     from retrieval_stage.stage import map_results
@@ -83,6 +95,13 @@ def measure(server: LocalServer, scale: Scale) -> dict[str, Any]:
     given, scored = scenarios["reorders"]
     results = [(given[i], s) for i, s in scored]
     variants[MAP_RESULTS] = lambda: map_results(given, results, TOP_K)
+    # The stage's side of the signals, outside the budget: the span attributes, and the five
+    # histogram points when a MeterProvider is configured (the SDK's cost, not the signals').
+    quality = rerank_quality(given, scored, TOP_K, recall=recall_order(given))
+    variants[ATTRIBUTES] = quality.attributes
+    meter_provider = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    metrics = RerankMetrics(meter_provider)
+    variants[RECORD] = partial(metrics.record_quality, quality, model="m", provider="p")
     x = [-rank for rank in sorted(range(DOCS), key=recall_order(given).__getitem__)]
     x = [x[i] for i, _ in scored]
     y = [s for _, s in scored]
@@ -100,6 +119,7 @@ def measure(server: LocalServer, scale: Scale) -> dict[str, Any]:
     calls = {name: RAW_CALLS if name == RAW else CALLS for name in variants}
     wall, cpu = _rounds(variants, calls, scale.quality_rounds)
     http.close()
+    meter_provider.shutdown()
     per_call = {
         name: {"min_us": min(times) * 1e6, "median_us": statistics.median(times) * 1e6}
         for name, times in {**wall, RAW: cpu[RAW]}.items()

@@ -1,7 +1,9 @@
 """The label-free quality signals (`retrieval_stage.quality`), exact on hand-computed cases.
 
-Each expected value below was worked out by hand from the definitions in the module docstring,
-and tau-b is held to scipy's on random orders (with ties) by a property test.
+Each expected value below was worked out by hand from the definitions in the module docstring;
+a property test holds every signal of a random call (ties on both sides, unscored candidates,
+collapsed scores, input in recall order or not, n from 0) to the plain definitions, tau-b
+exactly (the same float) to a pair-by-pair count and to scipy's within rounding.
 """
 
 from __future__ import annotations
@@ -264,47 +266,159 @@ def test_recall_order_breaks_recall_ties_so_an_echo_still_reads_tau_one() -> Non
     assert rerank_quality(given_, swapped_tie).kendall_tau == pytest.approx(4 / 6)
 
 
+def test_two_candidates_kept_swapped_and_tied() -> None:
+    given_ = cands(0.9, 0.1)
+    kept = rerank_quality(given_, [(0, 2.0), (1, 1.0)], top_k=1)
+    swapped = rerank_quality(given_, [(1, 2.0), (0, 1.0)], top_k=1)
+    tied = rerank_quality(given_, [(0, 1.5), (1, 1.5)], top_k=1)
+
+    assert kept == RerankQuality(1.0, 1.0, 1, 2.0, 1.0)
+    assert swapped == RerankQuality(-1.0, 0.0, 2, 2.0, 1.0)
+    assert tied == RerankQuality(None, 1.0, 1, 1.5, 0.0)
+
+
+def test_ties_in_recall_and_in_rerank_by_hand() -> None:
+    # Recall 0.7 0.7 0.2 0.2 0.2 (ties broken by input position): ranks 0 1 2 3 4 for
+    # positions 0 1 2 3 4, recall order the input order.
+    given_ = cands(0.7, 0.7, 0.2, 0.2, 0.2)
+    # Rerank runs {3, 1} at 2.0, {4} at 1.0, {0, 2} at 0.5; ranks in rerank order 3 1 4 0 2.
+    scored = [(3, 2.0), (1, 2.0), (4, 1.0), (0, 0.5), (2, 0.5)]
+
+    quality = rerank_quality(given_, scored, top_k=2)
+
+    # 10 pairs, 2 tied in score ((3,1), (0,2)). Of the other 8, the one above has the better
+    # (lower) rank in (3,4), (1,4), (1,2): concordant 3, discordant 5. -2 / sqrt(10 * 8).
+    assert quality.kendall_tau == -2 / math.sqrt(80)
+    assert quality.topk_overlap == 0.5  # {3, 1} vs {0, 1}
+    assert quality.max_promotion == 4
+    assert quality.score_margin == 0.0
+
+
+def test_recall_not_in_input_order_with_rerank_ties_by_hand() -> None:
+    # Recall order 2, 0, 3, 1: ranks of positions 0..3 are 1, 3, 0, 2.
+    given_ = cands(0.5, 0.1, 0.9, 0.3)
+    scored = [(1, 3.0), (0, 3.0), (3, 1.0), (2, 1.0)]  # ranks 3 1 2 0, runs {3, 1} {2, 0}
+
+    quality = rerank_quality(given_, scored, top_k=3)
+
+    # 6 pairs, 2 tied; across the runs, (3,2) (3,0) (1,0) discordant, (1,2) concordant:
+    # (1 - 3) / sqrt(6 * 4).
+    assert quality.kendall_tau == -2 / math.sqrt(24)
+    assert quality.topk_overlap == pytest.approx(2 / 3)  # ranks {3, 1, 2} vs {0, 1, 2}
+    assert quality.max_promotion == 4
+
+
+def test_scores_not_best_first_are_still_compared_pair_by_pair() -> None:
+    # A direct caller's order (the stage always hands scores best first): the pairs count
+    # the same; top-k and top_score are the first of what was given.
+    given_ = cands(0.9, 0.8, 0.7)
+    quality = rerank_quality(given_, [(0, 2.0), (2, 3.0), (1, 1.0)], top_k=1)
+
+    # By score 2 > 0 > 1: (0,2) D, (0,1) C, (2,1) D: (1 - 2) / 3.
+    assert quality.kendall_tau == pytest.approx(-1 / 3)
+    assert quality.top_score == 2.0
+    assert quality.score_margin == -1.0
+    assert quality.max_promotion == 1
+
+
+@pytest.mark.parametrize("n", [65, 1500])
+def test_more_candidates_than_the_bit_tables_hold(n: int) -> None:
+    # Past the first table (64 ranks) and past the cached ones (1024): the same signals.
+    rng = random.Random(n)
+    given_ = cands(*(rng.random() for _ in range(n)))
+    scored = sorted(((i, rng.random()) for i in range(n)), key=lambda p: (-p[1], p[0]))
+    recall = recall_order(given_)
+
+    quality = rerank_quality(given_, scored, top_k=n // 2, recall=recall)
+
+    place = {position: -rank for rank, position in enumerate(recall)}
+    expected = stats.kendalltau([place[i] for i, _ in scored], [s for _, s in scored])
+    assert quality.kendall_tau == pytest.approx(expected.statistic, abs=1e-12)
+    top = [i for i, _ in scored[: n // 2]]
+    assert quality.topk_overlap == len(set(top) & set(recall[: n // 2])) / (n // 2)
+    assert quality.max_promotion == max(1 - place[i] for i in top)
+
+
 def _one_call(seed: int) -> tuple[list[float | None], list[tuple[int, float]], int | None]:
-    """A random call from `seed`: recall scores with ties and unscored candidates, a reranker
-    that scored some or all of them with tied or distinct scores, best first as the stage hands
-    them over, and a top_k that may exceed n."""
+    """A random call from `seed`: recall scores with ties and unscored candidates (given in
+    recall order or not, sometimes all equal), a reranker that scored none, some or all of
+    them with distinct, tied or all-equal scores (duplicates drawn from as few as two values),
+    best first as the stage hands them over or, now and then, in any order (a direct caller),
+    and a top_k that may exceed n."""
     rng = random.Random(seed)
-    n = rng.randint(1, 60)
+    n = rng.randint(0, 60)
     ties = rng.choice([0.0, 0.3, 1.0])  # share of scores drawn from a handful of values
+    values = rng.randint(1, 4)
 
     def score() -> float:
-        return float(rng.randint(0, 4)) if rng.random() < ties else rng.uniform(-1e6, 1e6)
+        return float(rng.randint(0, values)) if rng.random() < ties else rng.uniform(-1e6, 1e6)
 
     unscored = rng.choice([0.0, 0.2, 1.0])
     recall_given = [None if rng.random() < unscored else score() for _ in range(n)]
-    positions = rng.sample(range(n), rng.randint(1, n))
-    scored = sorted(((i, score()) for i in positions), key=lambda p: (-p[1], p[0]))
+    if rng.random() < 0.5:  # as a retriever hands them over: recall order is input order
+        recall_given.sort(key=lambda s: (s is None, -(s or 0.0)))
+    if n and rng.random() < 0.1:  # recall expressed no order
+        recall_given = [recall_given[0]] * n
+    positions = rng.sample(range(n), rng.randint(0, n))
+    collapsed = rng.random() < 0.1
+    scored = [(i, 0.5 if collapsed else score()) for i in positions]
+    if rng.random() < 0.85:
+        scored.sort(key=lambda p: (-p[1], p[0]))
     top_k = rng.choice([None, rng.randint(1, 70)])
     return recall_given, scored, top_k
+
+
+def _plain_tau_b(x: list[float], y: list[float]) -> float | None:
+    """tau-b by its definition, every pair in turn: (concordant - discordant) /
+    sqrt((n0 - pairs tied in x) * (n0 - pairs tied in y)); None where that is 0/0."""
+    n = len(x)
+    n0 = n * (n - 1) // 2
+    balance = ties_x = ties_y = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            sx = (x[i] > x[j]) - (x[i] < x[j])
+            sy = (y[i] > y[j]) - (y[i] < y[j])
+            ties_x += sx == 0
+            ties_y += sy == 0
+            balance += sx * sy
+    if n0 in (ties_x, ties_y):
+        return None
+    if not (ties_x or ties_y):
+        return balance / n0
+    return balance / math.sqrt((n0 - ties_x) * (n0 - ties_y))
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.integers(min_value=0, max_value=2**64))
 def test_one_call_matches_scipy_and_the_plain_definitions(seed: int) -> None:
     # Any recall scores (ties, unscored ones), a reranker that scored some or all of the
-    # candidates with any scores (ties), best first as the stage hands them over.
+    # candidates with any scores (ties), best first as the stage hands them over or not.
     recall_given, scored, top_k = _one_call(seed)
     given_ = cands(*recall_given)
     recall = recall_order(given_)
 
     quality = rerank_quality(given_, scored, top_k, recall=recall)
 
+    if not scored:
+        assert quality == RerankQuality(None, None, None, None, None)
+        return
     ranked = [i for i, _ in scored]
     k = len(scored) if top_k is None else min(top_k, len(scored))
-    assert quality.topk_overlap == topk_overlap(recall, ranked, k)
-    assert quality.max_promotion == max_promotion(recall, ranked, k)
+    recall_rank = {position: rank for rank, position in enumerate(recall)}  # 0 best
+    top = ranked[:k]
+    assert quality.topk_overlap == len(set(top) & set(recall[:k])) / k
+    assert quality.max_promotion == max(recall_rank[i] + 1 for i in top)
     assert quality.top_score == scored[0][1]
+    assert quality.score_margin == (scored[0][1] - scored[1][1] if len(scored) > 1 else None)
     if len(scored) < 2 or len({c.score for c in given_}) == 1:
         assert quality.kendall_tau is None
         return
-    place = {position: -rank for rank, position in enumerate(recall)}
-    expected = stats.kendalltau([place[i] for i in ranked], [s for _, s in scored]).statistic
+    x = [-recall_rank[i] for i in ranked]  # higher is better, as the scores
+    y = [s for _, s in scored]
+    expected = stats.kendalltau(x, y).statistic
     if math.isnan(expected):  # every rerank score equal
         assert quality.kendall_tau is None
     else:
         assert quality.kendall_tau == pytest.approx(expected, abs=1e-12)
+    # Exactly (the same float) as the definition computed pair by pair.
+    assert quality.kendall_tau == _plain_tau_b(x, y)
