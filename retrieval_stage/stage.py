@@ -14,6 +14,7 @@ import math
 import numbers
 import time
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any, Literal, NamedTuple
 
 from openinference.instrumentation import TraceConfig
@@ -61,6 +62,46 @@ def map_results(
             f"reranker returned {len(results)} results for {len(candidates)} candidates; "
             f"expected {wanted}"
         )
+    mapped = _mapped_plain(candidates, results)
+    if mapped is None:  # anything unusual: the checks below, result by result
+        mapped = _mapped_checked(candidates, results)
+    # Best first, ties in input order: a sort by position, then a stable sort by score
+    # descending (reverse=True keeps equal keys in order), both without a Python key function.
+    mapped.sort()
+    mapped.sort(key=itemgetter(1), reverse=True)
+    return mapped
+
+
+def _mapped_plain(
+    candidates: Sequence[Candidate], results: Sequence[tuple[Any, Any]]
+) -> list[tuple[int, float]] | None:
+    """The common case in one pass: distinct candidates, each result an (item, float) tuple
+    naming a candidate not yet returned, every score finite. None when anything differs, so
+    that `_mapped_checked` finds and names the first offending result."""
+    positions = {id(candidate): i for i, candidate in enumerate(candidates)}
+    if len(positions) != len(candidates):  # one object given twice: positions are lists there
+        return None
+    take = positions.pop
+    mapped: list[tuple[int, float]] = []
+    append = mapped.append
+    for pair in results:
+        if type(pair) is not tuple or len(pair) != 2:
+            return None
+        i = take(id(pair[0]), None)
+        score = pair[1]
+        if i is None or type(score) is not float:
+            return None
+        append((i, score))
+    if not all(map(math.isfinite, map(itemgetter(1), mapped))):
+        return None
+    return mapped
+
+
+def _mapped_checked(
+    candidates: Sequence[Candidate], results: Sequence[tuple[Any, Any]]
+) -> list[tuple[int, float]]:
+    """(input position, score) per result, unsorted, each result checked in turn; raises
+    `RerankProtocolError` naming the first one that is not a valid answer."""
     positions: dict[int, list[int]] = {}
     for i, candidate in enumerate(candidates):
         positions.setdefault(id(candidate), []).append(i)
@@ -86,7 +127,6 @@ def map_results(
         if not math.isfinite(value):
             raise RerankProtocolError(f"reranker result {n}: score is not a finite number")
         mapped.append((free.pop(0), value))
-    mapped.sort(key=lambda p: (-p[1], p[0]))
     return mapped
 
 
