@@ -402,6 +402,11 @@ class RerankStage:
         top1_changed: bool | None,
         model: str | None,
     ) -> None:
+        # Points given to the API's placeholder instruments (no MeterProvider set) or to a
+        # no-op one reach nothing: skip building them. `enabled` is asked per call, so a
+        # provider installed later is used from its first call on.
+        if not self._metrics.enabled:
+            return
         self._metrics.record(
             duration_s=time.perf_counter() - started,
             documents=len(cands),
