@@ -178,7 +178,7 @@ class RerankerSpans:
             max_bytes=self.max_content_length,
         )
         # What `start_as_current_span` does, without its two nested generator-based managers
-        # (a tenth of a sampled-out call's own work, issue 26): start, make current, and on
+        # (measurable even on a sampled-out call, issue 26): start, make current, and on
         # leaving detach, record an escaping `Exception` with its ERROR status, end.
         span = self._tracer.start_span(
             "rerank",
