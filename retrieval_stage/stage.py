@@ -25,7 +25,7 @@ from . import validate
 from ._log import get_logger
 from .errors import RerankError, RerankProtocolError
 from .metrics import RerankMetrics
-from .models import Candidate, Reranked, RerankResponse, recall_order
+from .models import Candidate, Reranked, RerankResponse, recall_order, reranked_outputs
 from .quality import RerankQuality, rerank_quality
 from .spans.content import DEFAULT_MAX_CONTENT_BYTES
 from .spans.reranker import RerankerSpan, RerankerSpans, output_content_from_env
@@ -319,7 +319,7 @@ class RerankStage:
             mapped = mapped[:top_k]
         if self.min_score is not None:
             mapped = [(i, s) for i, s in mapped if s >= self.min_score]
-        outputs = [Reranked(cands[i], s, i) for i, s in mapped]
+        outputs = reranked_outputs(cands, mapped)
         recall = recall_order(cands)
         top1_changed = bool(outputs) and outputs[0].input_index != recall[0]
         model = self.model_name or response.model or _attr(self.reranker, "model_name")

@@ -9,6 +9,7 @@ vouched attributes stored without the per-value check but as the SDK stores them
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -28,7 +29,7 @@ import retrieval_stage.spans.otel_private as otel_private
 from retrieval_stage import Candidate, RerankStage
 from retrieval_stage.errors import RerankProtocolError
 from retrieval_stage.metrics import RerankMetrics
-from retrieval_stage.models import Reranked, recall_order
+from retrieval_stage.models import Reranked, recall_order, reranked_outputs
 from retrieval_stage.spans.content import output_value
 from retrieval_stage.stage import _mapped_checked, _mapped_plain, map_results
 
@@ -105,6 +106,24 @@ def test_a_result_that_is_not_a_free_candidate_is_refused(other: str) -> None:
 def test_an_int_score_is_taken_as_a_float_as_before() -> None:
     cands = [Candidate("a", "x"), Candidate("b", "y")]
     assert map_results(cands, [(cands[0], 1), (cands[1], 2.5)]) == [(1, 2.5), (0, 1.0)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(SCORES, max_size=8), st.data())
+def test_outputs_built_through_the_slots_are_ordinary_rerankeds(
+    scores: list[float], data: st.DataObject
+) -> None:
+    cands = [Candidate(f"d{i}", "t") for i in range(len(scores))]
+    order = data.draw(st.permutations(range(len(cands))))
+    mapped = [(i, scores[i]) for i in order]
+    built = reranked_outputs(cands, mapped)
+    expected = [Reranked(cands[i], score, i) for i, score in mapped]
+    assert built == expected
+    assert [hash(r) for r in built] == [hash(r) for r in expected]
+    assert all(type(r) is Reranked and r.candidate is cands[r.input_index] for r in built)
+    for r in built:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            r.score = 0.0  # type: ignore[misc]
 
 
 @settings(max_examples=150, deadline=None)
