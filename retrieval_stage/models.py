@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Candidate", "RerankResponse", "Reranked", "Usage", "recall_order"]
+__all__ = ["Candidate", "RerankResponse", "Reranked", "Usage", "recall_order", "reranked_outputs"]
 
 T = TypeVar("T")
 
@@ -59,10 +59,15 @@ def recall_order(candidates: Sequence[Candidate]) -> list[int]:
 
     The order the stage falls back to, and the "before" of every comparison of rankings.
     """
-    return sorted(
-        range(len(candidates)),
-        key=lambda i: (candidates[i].score is None, -(candidates[i].score or 0.0), i),
-    )
+    # A stable sort with reverse=True keeps equal scores in input order: the same order as the
+    # key (score is None, -score, position), at C speed (no Python key function per candidate).
+    scores = [c.score for c in candidates]
+    score_of: Callable[[int], float] = scores.__getitem__  # type: ignore[assignment]
+    if None not in scores:
+        return sorted(range(len(scores)), key=score_of, reverse=True)
+    ranked = [i for i, s in enumerate(scores) if s is not None]
+    ranked.sort(key=score_of, reverse=True)
+    return ranked + [i for i, s in enumerate(scores) if s is None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,36 @@ class Reranked:
     score: float | None
     input_index: int
     reranked: bool = True
+
+
+_new = object.__new__
+_slots = vars(Reranked)  # the slot descriptors the dataclass made
+_set_candidate = _slots["candidate"].__set__
+_set_score = _slots["score"].__set__
+_set_input_index = _slots["input_index"].__set__
+_set_reranked = _slots["reranked"].__set__
+
+
+def reranked_outputs(
+    candidates: Sequence[Candidate], mapped: Sequence[tuple[int, float]]
+) -> list[Reranked]:
+    """``[Reranked(candidates[i], score, i) for i, score in mapped]``, equal object for object.
+
+    Each field is stored through its slot's own descriptor: the frozen dataclass's
+    ``__init__`` stores field by field through ``object.__setattr__``, which made building the
+    50 outputs of a call the largest piece of the stage's own work around a sampled-out
+    rerank (issue 26). The objects are as frozen as any other `Reranked`.
+    """
+    out: list[Reranked] = []
+    append = out.append
+    for i, score in mapped:
+        r = _new(Reranked)
+        _set_candidate(r, candidates[i])
+        _set_score(r, score)
+        _set_input_index(r, i)
+        _set_reranked(r, True)
+        append(r)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

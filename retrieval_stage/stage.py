@@ -14,6 +14,7 @@ import math
 import numbers
 import time
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any, Literal, NamedTuple
 
 from openinference.instrumentation import TraceConfig
@@ -24,7 +25,7 @@ from . import validate
 from ._log import get_logger
 from .errors import RerankError, RerankProtocolError
 from .metrics import RerankMetrics
-from .models import Candidate, Reranked, RerankResponse, recall_order
+from .models import Candidate, Reranked, RerankResponse, recall_order, reranked_outputs
 from .quality import RerankQuality, rerank_quality
 from .spans.content import DEFAULT_MAX_CONTENT_BYTES
 from .spans.reranker import RerankerSpan, RerankerSpans, output_content_from_env
@@ -61,6 +62,46 @@ def map_results(
             f"reranker returned {len(results)} results for {len(candidates)} candidates; "
             f"expected {wanted}"
         )
+    mapped = _mapped_plain(candidates, results)
+    if mapped is None:  # anything unusual: the checks below, result by result
+        mapped = _mapped_checked(candidates, results)
+    # Best first, ties in input order: a sort by position, then a stable sort by score
+    # descending (reverse=True keeps equal keys in order), both without a Python key function.
+    mapped.sort()
+    mapped.sort(key=itemgetter(1), reverse=True)
+    return mapped
+
+
+def _mapped_plain(
+    candidates: Sequence[Candidate], results: Sequence[tuple[Any, Any]]
+) -> list[tuple[int, float]] | None:
+    """The common case in one pass: distinct candidates, each result an (item, float) tuple
+    naming a candidate not yet returned, every score finite. None when anything differs, so
+    that `_mapped_checked` finds and names the first offending result."""
+    positions = {id(candidate): i for i, candidate in enumerate(candidates)}
+    if len(positions) != len(candidates):  # one object given twice: positions are lists there
+        return None
+    take = positions.pop
+    mapped: list[tuple[int, float]] = []
+    append = mapped.append
+    for pair in results:
+        if type(pair) is not tuple or len(pair) != 2:
+            return None
+        i = take(id(pair[0]), None)
+        score = pair[1]
+        if i is None or type(score) is not float:
+            return None
+        append((i, score))
+    if not all(map(math.isfinite, map(itemgetter(1), mapped))):
+        return None
+    return mapped
+
+
+def _mapped_checked(
+    candidates: Sequence[Candidate], results: Sequence[tuple[Any, Any]]
+) -> list[tuple[int, float]]:
+    """(input position, score) per result, unsorted, each result checked in turn; raises
+    `RerankProtocolError` naming the first one that is not a valid answer."""
     positions: dict[int, list[int]] = {}
     for i, candidate in enumerate(candidates):
         positions.setdefault(id(candidate), []).append(i)
@@ -86,7 +127,6 @@ def map_results(
         if not math.isfinite(value):
             raise RerankProtocolError(f"reranker result {n}: score is not a finite number")
         mapped.append((free.pop(0), value))
-    mapped.sort(key=lambda p: (-p[1], p[0]))
     return mapped
 
 
@@ -279,7 +319,7 @@ class RerankStage:
             mapped = mapped[:top_k]
         if self.min_score is not None:
             mapped = [(i, s) for i, s in mapped if s >= self.min_score]
-        outputs = [Reranked(cands[i], s, i) for i, s in mapped]
+        outputs = reranked_outputs(cands, mapped)
         recall = recall_order(cands)
         top1_changed = bool(outputs) and outputs[0].input_index != recall[0]
         model = self.model_name or response.model or _attr(self.reranker, "model_name")
@@ -362,6 +402,11 @@ class RerankStage:
         top1_changed: bool | None,
         model: str | None,
     ) -> None:
+        # Points given to the API's placeholder instruments (no MeterProvider set) or to a
+        # no-op one reach nothing: skip building them. `enabled` is asked per call, so a
+        # provider installed later is used from its first call on.
+        if not self._metrics.enabled:
+            return
         self._metrics.record(
             duration_s=time.perf_counter() - started,
             documents=len(cands),

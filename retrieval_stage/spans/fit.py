@@ -95,7 +95,11 @@ def outcome_attributes(
     scores. When both cannot fit, documents are taken alternately from the head of each list
     so both lose their tails, never their heads. ``OPENINFERENCE_HIDE_INPUTS``/``_OUTPUTS``
     (read by `config`) drop the corresponding lists entirely. With `output_content` False an
-    output document is its id and score only (the input documents carry the text)."""
+    output document is its id and score only (the input documents carry the text).
+
+    Every document value is built here as a str (capped text, metadata JSON) or taken from a
+    checked number (a Candidate's recall score, a mapped rerank score), under our own keys:
+    when `stats` is plain (`otel_private.plain_attributes`), so is the whole result."""
     space = room(span)
     if space is None:
         attributes = dict(stats)

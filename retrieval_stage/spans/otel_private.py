@@ -41,6 +41,7 @@ __all__ = [
     "SDK_DEFAULT_ATTRIBUTE_LIMIT",
     "attribute_limit",
     "metrics_configured",
+    "plain_attributes",
     "set_span_attributes",
     "tracing_suppressed",
 ]
@@ -74,35 +75,49 @@ def attribute_limit(span: Span) -> int | None:
     return int(raw) if raw.isdigit() else SDK_DEFAULT_ATTRIBUTE_LIMIT
 
 
-def set_span_attributes(span: Span, attributes: Mapping[str, AttributeValue]) -> None:
+def set_span_attributes(
+    span: Span, attributes: Mapping[str, AttributeValue], *, vouched: bool = False
+) -> None:
     """``span.set_attributes(attributes)``, with the same result, minus the SDK's re-cleaning.
 
     Taken only for a live SDK span with no value-length limit, room for every new key (so
     nothing is evicted) and values that are plain str/bool/int/float under non-empty str keys;
     a key already set moves to the end, as the SDK moves it. Anything else (another span
     implementation, an ended span, lists, a full span) goes through ``set_attributes``.
+
+    `vouched`: the caller built every key as a non-empty str and every value as an instance
+    of str, bool, int or float (which the SDK stores unchanged when it has no value-length
+    limit), so the per-value check is skipped: for ~300 document attributes it cost as much
+    as storing them.
     """
     bounded = getattr(span, "_attributes", None)
     if (
         isinstance(span, SdkSpan)
         and type(bounded) is BoundedAttributes
         and bounded.max_value_len is None
-        and _plain(attributes)
+        and (vouched or plain_attributes(attributes))
     ):
         with span._lock:
             if span._end_time is None:
                 with bounded._lock:
                     stored = bounded._dict
-                    fresh = attributes.keys() - stored.keys()
-                    if bounded.maxlen is None or len(stored) + len(fresh) <= bounded.maxlen:
-                        for key in attributes.keys() - fresh:
+                    # Keys set before (a handful: the span's identity) are found by looking
+                    # the smaller mapping up in the larger one.
+                    if len(stored) <= len(attributes):
+                        again = [key for key in stored if key in attributes]
+                    else:
+                        again = [key for key in attributes if key in stored]
+                    fresh = len(attributes) - len(again)
+                    if bounded.maxlen is None or len(stored) + fresh <= bounded.maxlen:
+                        for key in again:
                             del stored[key]
                         stored.update(attributes)
                         return
     span.set_attributes(attributes)
 
 
-def _plain(attributes: Mapping[str, AttributeValue]) -> bool:
+def plain_attributes(attributes: Mapping[str, AttributeValue]) -> bool:
+    """Every key a non-empty str and every value exactly a str, bool, int or float."""
     clean = _CLEAN
     for key, value in attributes.items():
         if type(value) not in clean or type(key) is not str or not key:

@@ -195,11 +195,11 @@ def set_attributes_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             sizes.append(len(attributes))
         real(self, attributes)
 
-    def counting_shortcut(span: Any, attributes: Any) -> None:
+    def counting_shortcut(span: Any, attributes: Any, **options: Any) -> None:
         sizes.append(len(attributes))
         inside.append(True)
         try:
-            real_shortcut(span, attributes)
+            real_shortcut(span, attributes, **options)
         finally:
             inside.pop()
 
