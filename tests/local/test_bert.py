@@ -224,7 +224,16 @@ def test_embeddings_are_unit_length_rows_in_input_order(shared_numpy: BertEncode
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)
     assert np.array_equal(vectors[0], vectors[3])
     alone = shared_numpy.embed(["Bananas are a yellow fruit."])[0]
-    assert float(vectors[2] @ alone) > 1 - 1e-6  # padding in a batch changes nothing
+    assert float(vectors[2] @ alone) > 1 - 1e-6  # its neighbours in a batch change nothing
+
+
+def test_a_packed_batch_embeds_each_text_as_it_would_alone(shared_numpy: BertEncoder) -> None:
+    # A batch packs its texts' tokens one after another, unpadded: positions restart and
+    # attention stays within each text, whatever the lengths around it.
+    texts = ["a", LONG_TEXT, "sort a list in place", "", "Bananas are a yellow fruit. " * 9]
+    together = shared_numpy.embed(texts, batch_size=len(texts))
+    for text, vector in zip(texts, together, strict=True):
+        assert float(vector @ shared_numpy.embed([text])[0]) > 1 - 1e-6, text[:20]
 
 
 def test_tokens_past_max_seq_length_are_cut(shared_numpy: BertEncoder) -> None:
