@@ -207,11 +207,12 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
         left; raw bytes, inflated within the limit (leaving early closes the connection)."""
         http = self._http
         assert http is not None
+        headers, content = step.encoded()
         async with http.stream(
             step.method,
             step.url,
-            headers=step.headers,
-            json=step.body,
+            headers=headers,
+            content=content,
             follow_redirects=False,
             timeout=call.deadline.remaining(),
         ) as response:

@@ -117,6 +117,7 @@ class RerankClient(ClientCore[httpx.Client]):
         hold the call for ever: the deadline is checked after every chunk received, and
         `DeadlineTransport` caps every socket operation at the time left.
         """
+        headers, content = step.encoded()
         remaining = call.deadline.remaining()
         token = CALL_DEADLINE.set(time.monotonic() + remaining)
         try:
@@ -125,8 +126,8 @@ class RerankClient(ClientCore[httpx.Client]):
             with self._http.stream(
                 step.method,
                 step.url,
-                headers=step.headers,
-                json=step.body,
+                headers=headers,
+                content=content,
                 timeout=remaining,
                 follow_redirects=False,
             ) as response:
