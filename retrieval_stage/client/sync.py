@@ -130,7 +130,7 @@ class RerankClient(ClientCore[httpx.Client]):
 
         Our own client's requests go straight to its `DeadlineTransport`, as
         ``httpx.Client.send`` hands them over, without the steps our client never uses
-        (auth, redirects, event hooks): that was a sixth of a call's CPU. Kept from it: the
+        (auth, redirects, event hooks): about a fifth of a call's CPU. Kept from it: the
         client's default headers under ours (``httpx.Headers`` merging, as ``Client`` does),
         the timeouts, the closed client refused, cookies sent and kept (looked at only when
         the jar holds one or the response sets one), httpx's INFO line for each request. A

@@ -1,6 +1,6 @@
 """The sync client's own requests go straight to its `DeadlineTransport` (issue 26).
 
-``httpx.Client.send``'s auth, redirect and event-hook steps were a sixth of a sync call's CPU
+``httpx.Client.send``'s auth, redirect and event-hook steps were about a fifth of a sync call's CPU
 and our own client uses none of them, so `RerankClient._open` hands its requests to the
 transport itself. What ``Client.send`` gave is kept, and checked here against a real loopback
 server: the same request on the wire (httpx's default headers under ours, the JSON body, Host
