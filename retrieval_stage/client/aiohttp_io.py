@@ -18,7 +18,6 @@ errors become the httpx errors the flow judges (`httpx_error`), in this one plac
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import urllib.request
 from collections.abc import Mapping
@@ -29,6 +28,7 @@ import aiohttp
 import httpx
 
 from .body import ACCEPT_ENCODING, read_body
+from .codec import dumps
 
 __all__ = [
     "AiohttpIO",
@@ -156,8 +156,7 @@ class AiohttpIO:
         data: bytes | None = None
         if body is not None:
             # httpx's encoding of `json=`, so a server (or a test's matcher) sees the same bytes.
-            text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-            data = text.encode()
+            data = dumps(body)
             sent["content-type"] = "application/json"
         async with session.request(
             method, url, headers=sent, data=data, allow_redirects=False, proxy=self._proxy

@@ -32,6 +32,10 @@ __all__ = ["AsyncRerankClient"]
 
 T = TypeVar("T")
 
+# asyncio's own deadline (Python 3.11+), for the aiohttp path; None before 3.11 (anyio's
+# cancel scope then bounds every call).
+_timeout_at = getattr(asyncio, "timeout_at", None)
+
 _LOOP_CLOSED = (
     "this AsyncRerankClient was used in an event loop that has closed (a second asyncio.run?): "
     "create the client inside the running loop, e.g. with `async with AsyncRerankClient(...)` "
@@ -106,25 +110,49 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
         kept, call = self._begin(query, items, text, top_k)
         if not call.texts:  # nothing to send: no loop to check, no deadline to arm
             return self._finish(kept, call, [])
-        self._check_loop()
+        loop = self._check_loop()
         try:
-            with anyio.CancelScope(
-                deadline=anyio.current_time() + call.deadline.remaining()
-            ) as scope:
-                pairs = await self._drive(call, call.flow(), None)
-            if scope.cancelled_caught:
-                raise call.deadline_error()
+            if self._aio is not None and _timeout_at is not None:
+                pairs = await self._drive_until(call, loop.time() + call.deadline.remaining())
+            else:
+                with anyio.CancelScope(
+                    deadline=anyio.current_time() + call.deadline.remaining()
+                ) as scope:
+                    pairs = await self._drive(call, call.flow(), None)
+                if scope.cancelled_caught:
+                    raise call.deadline_error()
         except RerankError as exc:
             raise call.spent(exc) from None
         return self._finish(kept, call, pairs)
 
-    def _check_loop(self) -> None:
-        """Refuse, with what to do, a client whose connections belong to a closed loop."""
+    async def _drive_until(self, call: Call, when: float) -> Pairs:
+        """The whole call under asyncio's own timeout, ending at `when` (the loop's clock).
+
+        For aiohttp, which runs on asyncio only: ``asyncio.timeout_at`` (Python 3.11+) bounds
+        the call as anyio's cancel scope does elsewhere, at a fifth of its CPU (anyio looks its
+        backend up twice per scope; that was 5% of a call's CPU at 64 concurrent callers). The
+        timeout cancels the call's task once; a call's sub-batches run in an anyio task group,
+        which passes that cancellation to each of them.
+        """
+        assert _timeout_at is not None
+        try:
+            async with _timeout_at(when) as timeout:
+                return await self._drive(call, call.flow(), None)
+        except TimeoutError:
+            if not timeout.expired():  # not our deadline's: not ours to explain
+                raise
+            raise call.deadline_error() from None
+
+    def _check_loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop; refuses, with what to do, a client whose connections belong to a
+        closed loop."""
         loop = asyncio.get_running_loop()
         previous = self._loop() if self._loop is not None else None
         if previous is not None and previous is not loop and previous.is_closed():
             raise RerankClientClosedError(_LOOP_CLOSED)
-        self._loop = weakref.ref(loop)
+        if previous is not loop:
+            self._loop = weakref.ref(loop)
+        return loop
 
     async def _drive(self, call: Call, flow: Flow, limiter: anyio.CapacityLimiter | None) -> Pairs:
         """Run `flow` to its end, awaiting each step it asks for.
@@ -207,11 +235,12 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
         left; raw bytes, inflated within the limit (leaving early closes the connection)."""
         http = self._http
         assert http is not None
+        headers, content = step.encoded()
         async with http.stream(
             step.method,
             step.url,
-            headers=step.headers,
-            json=step.body,
+            headers=headers,
+            content=content,
             follow_redirects=False,
             timeout=call.deadline.remaining(),
         ) as response:

@@ -14,13 +14,12 @@ loudly if a new httpcore exception has no httpx twin.
 
 from __future__ import annotations
 
-import contextlib
 import ssl
 import time
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NoReturn, cast
 from urllib.parse import urlsplit
 
 import httpcore
@@ -139,15 +138,13 @@ def httpx_error(exc: httpcore.TimeoutException | Exception) -> httpx.TransportEr
     return None
 
 
-@contextlib.contextmanager
-def _mapped() -> Iterator[None]:
-    try:
-        yield
-    except Exception as exc:
-        mapped = httpx_error(exc)
-        if mapped is None:
-            raise
-        raise mapped from exc
+def _raise_mapped(exc: Exception) -> NoReturn:
+    """Raise the httpx twin of httpcore's `exc`, or `exc` itself. A plain function, not a
+    context manager: entering one per request and per body was 3-4% of a call's CPU."""
+    mapped = httpx_error(exc)
+    if mapped is None:
+        raise exc
+    raise mapped from exc
 
 
 class _Body(httpx.SyncByteStream):
@@ -159,8 +156,10 @@ class _Body(httpx.SyncByteStream):
         self._headers = headers
 
     def __iter__(self) -> Iterator[bytes]:
-        with _mapped():
+        try:
             yield from self._stream
+        except Exception as exc:
+            _raise_mapped(exc)
 
     def close(self) -> None:
         if isinstance(self._network, _Stream) and self._headers is not None:
@@ -256,15 +255,17 @@ class DeadlineTransport(httpx.BaseTransport):
             content=request.stream,
             extensions=request.extensions,
         )
-        with _mapped():
+        try:
             response = self._pool_for(request.url).handle_request(core_request)
-        assert isinstance(response.stream, Iterable)
+        except Exception as exc:
+            _raise_mapped(exc)
+        stream = cast(Iterable[bytes], response.stream)  # the sync pool's: an iterable
         headers = httpx.Headers(response.headers)
         network = response.extensions.get("network_stream")
         return httpx.Response(
             status_code=response.status,
             headers=headers,
-            stream=_Body(response.stream, network, headers),
+            stream=_Body(stream, network, headers),
             extensions=response.extensions,
         )
 

@@ -371,4 +371,6 @@ class Call:
         self.usage = self.usage + parsed.usage
         if parsed.model:
             self.model = parsed.model
+        if not offset:  # the call's only batch, or its first: indices are the call's already
+            return parsed.pairs
         return [(offset + i, score) for i, score in parsed.pairs]

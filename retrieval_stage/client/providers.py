@@ -27,9 +27,11 @@ __all__ = [
     "batch_size_refusal",
     "build_request",
     "check_required_fields",
+    "checked_pairs",
     "error_message",
     "get_format",
     "parse_response",
+    "plain_pairs",
 ]
 
 UsageReader = Callable[[Any, Mapping[str, str]], Usage]
@@ -412,13 +414,32 @@ def parse_response(
     Raises `RerankProtocolError` for anything off-contract: the wrong envelope, an entry that
     is not an object, a missing, non-integer, out-of-range or duplicate index (or sidecar id), a
     score that is not a finite number, or a result count other than `expected`. Linear in the
-    number of results.
+    number of results. The plain case (`plain_pairs`) is taken without building a message; any
+    other response is checked result by result (`checked_pairs`).
     """
     entries = _entries(fmt, body)
     if len(entries) > expected:  # before any per-result work: a flood is refused at once
         raise RerankProtocolError(
             f"{fmt.name}: expected {expected} results for {n_texts} texts, got {len(entries)}"
         )
+    pairs = None
+    if not fmt.id_mapped and len(entries) == expected:
+        pairs = plain_pairs(entries, fmt.score_key, n_texts)
+    if pairs is None:
+        pairs = checked_pairs(fmt, entries, n_texts=n_texts, expected=expected)
+    model = body.get("model") if isinstance(body, dict) else None
+    return ParsedBatch(
+        pairs=pairs,
+        usage=fmt.usage(body, headers),
+        model=model if isinstance(model, str) else None,
+    )
+
+
+def checked_pairs(
+    fmt: WireFormat, entries: list[Any], *, n_texts: int, expected: int
+) -> list[tuple[int, float]]:
+    """The (index, score) pairs of `entries`, each result checked and the first fault named
+    (`RerankProtocolError`): the reference `plain_pairs` must agree with."""
     seen: set[int] = set()
     pairs: list[tuple[int, float]] = []
     for position, entry in enumerate(entries):
@@ -438,12 +459,39 @@ def parse_response(
             f"{fmt.name}: expected {expected} results for {n_texts} texts, got {len(pairs)}"
             + (f"; unscored indices include {missing}" if expected == n_texts else "")
         )
-    model = body.get("model") if isinstance(body, dict) else None
-    return ParsedBatch(
-        pairs=pairs,
-        usage=fmt.usage(body, headers),
-        model=model if isinstance(model, str) else None,
-    )
+    return pairs
+
+
+def plain_pairs(entries: list[Any], score_key: str, n_texts: int) -> list[tuple[int, float]] | None:
+    """The pairs of a response whose every result is the plain case, else None.
+
+    The plain case is what servers send: each result a JSON object whose index is an int in
+    range, not seen before, and whose score is a finite float. Anything else (a missing key,
+    an int or bool score, a duplicate, NaN) returns None, and `checked_pairs` then names what
+    is wrong; for a plain response both give the same pairs. Exact type checks (``type(x) is
+    int`` refuses a bool) and no message building make it several times cheaper per result
+    than the checks that explain (they were a tenth of the async client's CPU per call at 64
+    concurrent callers, issue 26).
+    """
+    seen = [False] * n_texts
+    pairs: list[tuple[int, float]] = []
+    append, finite = pairs.append, math.isfinite
+    for entry in entries:
+        if type(entry) is not dict:
+            return None
+        index = entry.get("index")
+        score = entry.get(score_key)
+        if (
+            type(index) is not int
+            or type(score) is not float
+            or not 0 <= index < n_texts
+            or seen[index]
+            or not finite(score)
+        ):
+            return None
+        seen[index] = True
+        append((index, score))
+    return pairs
 
 
 _BATCH_REFUSALS = (

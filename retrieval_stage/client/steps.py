@@ -9,12 +9,13 @@ one way a driver moves a flow on.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 import httpx
+
+from .codec import dumps, loads
 
 __all__ = [
     "EXPIRED",
@@ -66,7 +67,7 @@ class Reply:
             raise self.decoded.error
         if self.decoded is not UNDECODED:
             return self.decoded
-        return json.loads(self.content)
+        return loads(self.content)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +97,13 @@ class Send:
     url: str
     headers: dict[str, str]
     body: dict[str, Any] | None = None
+
+    def encoded(self) -> tuple[dict[str, str], bytes | None]:
+        """The headers and the body's bytes to send: the body as httpx's ``json=`` writes it
+        (`codec.dumps`), with its content type; the headers as they are without a body."""
+        if self.body is None:
+            return self.headers, None
+        return {**self.headers, "content-type": "application/json"}, dumps(self.body)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from retrieval_stage import (
     RerankStage,
     RerankTransportError,
 )
+from retrieval_stage.client import codec
 
 from ..conftest import WireMock
 from ..fakes import AsyncByLength, ByLength, Failing
@@ -165,15 +166,20 @@ def test_each_response_body_is_decoded_once(
     wm.stub_json("/hot/rerank", TEI_TWO)
     with RerankClient(wm.url + "/hot", batch_size=batch_size) as client:
         decoded: list[int] = []
-        real_loads = json.loads
 
-        def counting_loads(*args: Any, **kwargs: Any) -> Any:
-            decoded.append(1)
-            return real_loads(*args, **kwargs)
+        def counting(real_loads: Callable[..., Any]) -> Callable[..., Any]:
+            def counting_loads(*args: Any, **kwargs: Any) -> Any:
+                decoded.append(1)
+                return real_loads(*args, **kwargs)
 
-        monkeypatch.setattr(json, "loads", counting_loads)
+            return counting_loads
+
+        # Either decoder the client's codec may use (orjson, else json) counts.
+        monkeypatch.setattr(json, "loads", counting(json.loads))
+        if codec.ORJSON is not None:
+            monkeypatch.setattr(codec.ORJSON, "loads", counting(codec.ORJSON.loads))
         result = client.rerank_response("q", texts)
-        monkeypatch.setattr(json, "loads", real_loads)
+        monkeypatch.undo()
     assert result.requests == requests
     assert len(decoded) == requests
 
