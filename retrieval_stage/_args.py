@@ -7,7 +7,8 @@ validate and rank exactly as the clients do without importing httpx or the clien
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from operator import itemgetter
+from typing import Any, TypeVar, cast
 
 from . import validate
 
@@ -49,20 +50,29 @@ def snapshot(
     if not isinstance(query, str):
         raise TypeError(f"query must be a str, got {type(query).__name__}")
     cap = validate.top_k(top_k)
-    extract: Callable[[Any], str] = text if text is not None else default_text
     kept = list(items)
-    texts: list[str] = []
-    for i, item in enumerate(kept):
-        value = extract(item)
-        if not isinstance(value, str):
-            raise TypeError(f"text of item {i} must be a str, got {type(value).__name__}")
-        texts.append(value)
+    # The common cases at C speed (one `map`, one set of types): a list of str with no `text`,
+    # or a `text` function whose every answer is a str. Anything else is found and named in
+    # the loop below, on the texts already taken: `text` is called once per item, in order.
+    if text is None and set(map(type, kept)) <= _STR:
+        return kept, cast("list[str]", kept.copy()), cap
+    extract: Callable[[Any], str] = text if text is not None else default_text
+    texts: list[Any] = list(map(extract, kept))
+    if not set(map(type, texts)) <= _STR:
+        for i, value in enumerate(texts):
+            if not isinstance(value, str):
+                raise TypeError(f"text of item {i} must be a str, got {type(value).__name__}")
     return kept, texts, cap
+
+
+_STR = frozenset((str,))
 
 
 def check_sendable(query: str, texts: Sequence[str]) -> None:
     """ValueError, before any I/O, for text that cannot be sent as UTF-8 JSON (a lone
     surrogate, say): httpx would fail mid-call with an error outside the `RerankError` tree."""
+    if query.isascii() and all(map(str.isascii, texts)):  # the usual case, at C speed
+        return
     for i, text in enumerate((query, *texts)):
         if text.isascii():
             continue
@@ -90,6 +100,15 @@ def masked_url(url: object) -> object:
 
 
 def rank(pairs: list[tuple[int, float]], top_k: int | None) -> list[tuple[int, float]]:
-    """Best first; ties keep input order so equal scores never reorder the caller's items."""
-    ordered = sorted(pairs, key=lambda p: (-p[1], p[0]))
+    """Best first; ties keep input order so equal scores never reorder the caller's items.
+
+    The order of the key ``(-score, index)``, by two sorts without a Python key function: by
+    index, then stably by score descending (``reverse=True`` keeps equal scores in order).
+    """
+    ordered = sorted(pairs, key=_INDEX)
+    ordered.sort(key=_SCORE, reverse=True)
     return ordered if top_k is None else ordered[:top_k]
+
+
+_INDEX = itemgetter(0)
+_SCORE = itemgetter(1)

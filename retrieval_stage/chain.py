@@ -269,7 +269,12 @@ class _ChainCore:
         try:
             try:
                 # Checks identity and scores only, for any item type (Candidate is the usual).
-                map_results(cast("Sequence[Candidate]", call.items), response.results, call.top_k)
+                map_results(
+                    cast("Sequence[Candidate]", call.items),
+                    response.results,
+                    call.top_k,
+                    indices=getattr(response, "indices", None),
+                )
             except RerankProtocolError:
                 raise
             except Exception as exc:  # not even a list of pairs (a user's reranker)
@@ -303,6 +308,7 @@ class _ChainCore:
             requests=call.requests + response.requests,
             retries=call.retries + response.retries,
             batches=call.batches + response.batches,
+            indices=getattr(response, "indices", None),  # positions in call.items, as given
         )
 
     def _exhausted(self, call: _Call[Any]) -> RerankChainError:

@@ -146,6 +146,11 @@ class RerankResponse(Generic[T]):
 
     `results` are the caller's items with scores, best first. `requests` counts HTTP requests
     sent (retries included), `retries` the retried attempts, `batches` the sub-batches.
+
+    `indices`, when the reranker knows them (the HTTP clients do: the APIs answer by index),
+    is each result's position in the items it was given, in the order of `results`. It is a
+    claim, not a trust: `RerankStage` and `map_results` take it only after checking that every
+    result's item *is* the item at its index, and check the results one by one otherwise.
     """
 
     results: list[tuple[T, float]]
@@ -154,3 +159,4 @@ class RerankResponse(Generic[T]):
     requests: int = 0
     retries: int = 0
     batches: int = 0
+    indices: list[int] | None = None

@@ -14,7 +14,7 @@ import math
 import numbers
 import time
 from collections.abc import Sequence
-from operator import itemgetter
+from operator import attrgetter, is_, itemgetter
 from typing import Any, Literal, NamedTuple
 
 from openinference.instrumentation import TraceConfig
@@ -48,6 +48,8 @@ def map_results(
     candidates: Sequence[Candidate],
     results: Sequence[tuple[Any, Any]],
     top_k: int | None = None,
+    *,
+    indices: Sequence[int] | None = None,
 ) -> list[tuple[int, float]]:
     """(input position, score) for each result, checked against the candidates given.
 
@@ -55,6 +57,11 @@ def map_results(
     identity), a candidate returned more often than given, a malformed pair, a score that is
     not a finite number, or fewer results than min(top_k, n) (a candidate silently dropped)
     raises `RerankProtocolError`. Sorted best first, ties in input order.
+
+    `indices` (`RerankResponse.indices`) is the reranker's claim of each result's position;
+    it is used only when every result's item is the candidate at its claimed position, the
+    positions are distinct and the scores finite floats, all checked. A claim that fails any
+    check is ignored: the results are then mapped by identity, as without it.
     """
     wanted = len(candidates) if top_k is None else min(top_k, len(candidates))
     if len(results) < wanted:
@@ -62,7 +69,9 @@ def map_results(
             f"reranker returned {len(results)} results for {len(candidates)} candidates; "
             f"expected {wanted}"
         )
-    mapped = _mapped_plain(candidates, results)
+    mapped = None if indices is None else _mapped_indexed(candidates, results, indices)
+    if mapped is None:
+        mapped = _mapped_plain(candidates, results)
     if mapped is None:  # anything unusual: the checks below, result by result
         mapped = _mapped_checked(candidates, results)
     # Best first, ties in input order: a sort by position, then a stable sort by score
@@ -70,6 +79,47 @@ def map_results(
     mapped.sort()
     mapped.sort(key=itemgetter(1), reverse=True)
     return mapped
+
+
+def _mapped_indexed(
+    candidates: Sequence[Candidate], results: Sequence[tuple[Any, Any]], indices: Sequence[int]
+) -> list[tuple[int, float]] | None:
+    """The pairs when the claimed `indices` hold, else None: each an int in range, no two
+    alike, each result an (item, score) tuple whose item IS the candidate at its index and
+    whose score is a finite float, and no candidate object given twice. Then the claim is the
+    only mapping identity allows, so taking it changes nothing; where one object stands at two
+    positions identity cannot tell them apart, and `_mapped_plain` decides as it always has.
+    Every check is one C-speed pass (`map`, `set`, `min`); none builds a table of the
+    candidates, which is what makes this cheaper than `_mapped_plain`."""
+    try:
+        claimed = list(indices)
+    except TypeError:
+        return None
+    n = len(claimed)
+    if (
+        n != len(results)
+        or not set(map(type, claimed)) <= _INT
+        or (n and (min(claimed) < 0 or max(claimed) >= len(candidates)))
+        or len(set(claimed)) != n
+        or not set(map(type, results)) <= _TUPLE
+        or not set(map(len, results)) <= _PAIR
+        or not all(map(is_, map(_ITEM, results), map(candidates.__getitem__, claimed)))
+        or len(set(map(id, candidates))) != len(candidates)
+    ):
+        return None
+    scores = list(map(_SCORE, results))
+    if not set(map(type, scores)) <= _FLOAT or not all(map(math.isfinite, scores)):
+        return None
+    return list(zip(claimed, scores, strict=True))
+
+
+_CANDIDATE = frozenset((Candidate,))
+_INT = frozenset((int,))
+_FLOAT = frozenset((float,))
+_TUPLE = frozenset((tuple,))
+_PAIR = frozenset((2,))
+_ITEM = itemgetter(0)
+_SCORE = itemgetter(1)
 
 
 def _mapped_plain(
@@ -309,7 +359,7 @@ class RerankStage:
         top_k: int | None,
     ) -> StageOutcome:
         try:
-            mapped = map_results(cands, response.results, top_k)
+            mapped = map_results(cands, response.results, top_k, indices=response.indices)
         except RerankProtocolError as exc:
             exc.requests, exc.retries = response.requests, response.retries
             exc.batches = response.batches
@@ -320,12 +370,14 @@ class RerankStage:
         if self.min_score is not None:
             mapped = [(i, s) for i, s in mapped if s >= self.min_score]
         outputs = reranked_outputs(cands, mapped)
+        recording = span.is_recording
+        metered = self._metrics.enabled
+        if not (recording or metered):  # sampled out, no metrics: nothing reads what follows
+            return StageOutcome(outputs, None)
         recall = recall_order(cands)
         top1_changed = bool(outputs) and outputs[0].input_index != recall[0]
         model = self.model_name or response.model or _attr(self.reranker, "model_name")
-        recording = span.is_recording
-        metered = self._metrics.enabled
-        quality = self._quality(cands, scored, recall, top_k) if recording or metered else None
+        quality = self._quality(cands, scored, recall, top_k)
         span.succeeded(
             outputs,
             model=model,
@@ -431,8 +483,9 @@ class RerankStage:
         return _attr(self.reranker, "model_name")
 
 
-def _text(candidate: Candidate) -> str:
-    return candidate.text
+_text = attrgetter("text")
+"""A candidate's text, for the reranker's ``text=``: at C speed (a `Candidate`'s text is a str,
+checked when it was made)."""
 
 
 def _attr(obj: Any, name: str) -> str | None:
@@ -445,6 +498,8 @@ def _checked(query: str, candidates: Sequence[Candidate]) -> list[Candidate]:
     if not isinstance(query, str):
         raise TypeError(f"query must be a str, got {type(query).__name__}")
     cands = list(candidates)
+    if set(map(type, cands)) <= _CANDIDATE:  # the usual case, at C speed
+        return cands
     for i, candidate in enumerate(cands):
         if not isinstance(candidate, Candidate):
             raise TypeError(

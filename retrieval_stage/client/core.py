@@ -11,6 +11,7 @@ from __future__ import annotations
 import random as _random
 import time
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Generic, Literal, TypeVar
 
 import httpx
@@ -198,13 +199,20 @@ class ClientCore(Generic[H]):
         return kept, Call(self._plan, self._learned, query, texts, cap, deadline, time.time)
 
     def _finish(self, items: list[T], call: Call, pairs: Pairs) -> RerankResponse[T]:
+        """The call's response: each checked (index, score) pair turned back into the caller's
+        own item, best first, with the indices kept beside them (`RerankResponse.indices`)."""
+        ranked = rank(pairs, call.top_k)
+        indices = list(map(itemgetter(0), ranked))
         return RerankResponse(
-            results=[(items[i], score) for i, score in rank(pairs, call.top_k)],
+            results=list(
+                zip(map(items.__getitem__, indices), map(itemgetter(1), ranked), strict=True)
+            ),
             usage=call.usage,
             model=call.model or self.model_name,
             requests=call.requests,
             retries=call.retries,
             batches=call.batches,
+            indices=indices,
         )
 
     def _closed_error(self) -> RerankClientClosedError:

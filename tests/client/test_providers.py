@@ -222,10 +222,25 @@ def test_each_provider_maps_results_by_index_not_position(case: Case, wm: WireMo
         got is want
         for (got, _), (want, _) in zip(response.results, expected(items, RANKED), strict=True)
     )
+    assert response.indices == [i for i, _ in RANKED]  # each result's position, as answered
     assert wm.bodies(case.api("all")) == [case.body]
     assert response.usage == case.usage
     assert response.model == (case.reported_model or case.model)
     assert (response.requests, response.batches) == (1, 1)
+
+
+@by_provider
+async def test_the_async_client_reports_each_results_index(case: Case, wm: WireMock) -> None:
+    items = docs()
+    async with AsyncRerankClient(
+        case.url(wm, "all"), provider=case.provider, model=case.model, max_retries=0
+    ) as c:
+        response = await c.rerank_response(QUERY, items, text=lambda d: d.text)
+    assert response.results == expected(items, RANKED)
+    assert response.indices == [i for i, _ in RANKED]
+    assert all(
+        items[i] is item for i, (item, _) in zip(response.indices, response.results, strict=True)
+    )
 
 
 @pytest.mark.parametrize(
@@ -453,6 +468,13 @@ def test_sidecar_pool_above_128_is_split_and_every_id_maps_back(wm: WireMock) ->
     assert scores["text 129"] == 0.8
     assert all(scores[f"text {i}"] == i / 1000 for i in range(128))
     assert [t for t, _ in response.results[:3]] == ["text 128", "text 129", "text 127"]
+    # The indices are positions in the whole list, not in the sub-batch that scored them.
+    assert response.indices is not None
+    assert response.indices[:3] == [128, 129, 127]
+    assert sorted(response.indices) == list(range(130))
+    assert all(
+        items[i] is item for i, (item, _) in zip(response.indices, response.results, strict=True)
+    )
 
 
 @pytest.mark.parametrize("raw_id", ["01", "-1", " 1", "3", 1, None, "1.0", "\u0661"])
