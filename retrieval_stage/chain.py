@@ -269,12 +269,7 @@ class _ChainCore:
         try:
             try:
                 # Checks identity and scores only, for any item type (Candidate is the usual).
-                map_results(
-                    cast("Sequence[Candidate]", call.items),
-                    response.results,
-                    call.top_k,
-                    indices=getattr(response, "indices", None),
-                )
+                map_results(cast("Sequence[Candidate]", call.items), response.results, call.top_k)
             except RerankProtocolError:
                 raise
             except Exception as exc:  # not even a list of pairs (a user's reranker)

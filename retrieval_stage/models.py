@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Candidate", "RerankResponse", "Reranked", "Usage", "recall_order", "reranked_outputs"]
+__all__ = [
+    "Candidate",
+    "ClientResponse",
+    "RerankResponse",
+    "Reranked",
+    "Usage",
+    "recall_order",
+    "reranked_outputs",
+]
 
 T = TypeVar("T")
 
@@ -102,29 +107,21 @@ def reranked_outputs(
 ) -> list[Reranked]:
     """``[Reranked(candidates[i], score, i) for i, score in mapped]``, equal object for object.
 
-    Each field is stored through its slot's own descriptor, one C-speed `map` per field over
-    all the outputs: the frozen dataclass's ``__init__`` stores field by field through
-    ``object.__setattr__``, which made building the 50 outputs of a call the largest piece of
-    the stage's own work around a sampled-out rerank (issue 26). The objects are as frozen as
-    any other `Reranked`.
+    Each field is stored through its slot's own descriptor: the frozen dataclass's
+    ``__init__`` stores field by field through ``object.__setattr__``, which made building the
+    50 outputs of a call the largest piece of the stage's own work around a sampled-out
+    rerank (issue 26). The objects are as frozen as any other `Reranked`.
     """
-    n = len(mapped)
-    out: list[Reranked] = list(map(_new, repeat(Reranked, n)))
-    positions = list(map(_FIRST, mapped))
-    _drain(map(_set_candidate, out, map(candidates.__getitem__, positions)))
-    _drain(map(_set_score, out, map(_SECOND, mapped)))
-    _drain(map(_set_input_index, out, positions))
-    _drain(map(_set_reranked, out, repeat(True, n)))
+    out: list[Reranked] = []
+    append = out.append
+    for i, score in mapped:
+        r = _new(Reranked)
+        _set_candidate(r, candidates[i])
+        _set_score(r, score)
+        _set_input_index(r, i)
+        _set_reranked(r, True)
+        append(r)
     return out
-
-
-_FIRST = itemgetter(0)
-_SECOND = itemgetter(1)
-
-
-def _drain(calls: Iterable[object]) -> None:
-    """Run a lazy `map` of calls to its end at C speed, keeping none of their results."""
-    deque(calls, maxlen=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +156,9 @@ class RerankResponse(Generic[T]):
     sent (retries included), `retries` the retried attempts, `batches` the sub-batches.
 
     `indices`, when the reranker knows them (the HTTP clients do: the APIs answer by index),
-    is each result's position in the items it was given, in the order of `results`. It is a
-    claim, not a trust: `RerankStage` and `map_results` take it only after checking that every
-    result's item *is* the item at its index, and check the results one by one otherwise.
+    is each result's position in the items it was given, in the order of `results`.
+    `RerankStage` takes them as they are only from a `ClientResponse`; any other response's
+    results are checked one by one against the candidates (`stage.map_results`).
     """
 
     results: list[tuple[T, float]]
@@ -171,3 +168,15 @@ class RerankResponse(Generic[T]):
     retries: int = 0
     batches: int = 0
     indices: list[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClientResponse(RerankResponse[T]):
+    """A `RerankResponse` made by this library's HTTP clients, and only there (`_finish`).
+
+    Its `indices` are the server's own answers, each checked before it was used (an int in
+    range, once, with a finite float score, as many as expected: `providers.parse_response`)
+    and each result's item is ``items[indices[j]]`` of a copy of the items given. So
+    `RerankStage` maps it without checking every result against its candidates again, which
+    it does for any other reranker's answer.
+    """

@@ -14,8 +14,7 @@ import math
 import numbers
 import time
 from collections.abc import Sequence
-from itertools import islice
-from operator import attrgetter, gt, is_, itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Literal, NamedTuple
 
 from openinference.instrumentation import TraceConfig
@@ -26,7 +25,14 @@ from . import validate
 from ._log import get_logger
 from .errors import RerankError, RerankProtocolError
 from .metrics import RerankMetrics
-from .models import Candidate, Reranked, RerankResponse, recall_order, reranked_outputs
+from .models import (
+    Candidate,
+    ClientResponse,
+    Reranked,
+    RerankResponse,
+    recall_order,
+    reranked_outputs,
+)
 from .quality import RerankQuality, rerank_quality
 from .spans.content import DEFAULT_MAX_CONTENT_BYTES
 from .spans.reranker import RerankerSpan, RerankerSpans, output_content_from_env
@@ -49,8 +55,6 @@ def map_results(
     candidates: Sequence[Candidate],
     results: Sequence[tuple[Any, Any]],
     top_k: int | None = None,
-    *,
-    indices: Sequence[int] | None = None,
 ) -> list[tuple[int, float]]:
     """(input position, score) for each result, checked against the candidates given.
 
@@ -58,11 +62,6 @@ def map_results(
     identity), a candidate returned more often than given, a malformed pair, a score that is
     not a finite number, or fewer results than min(top_k, n) (a candidate silently dropped)
     raises `RerankProtocolError`. Sorted best first, ties in input order.
-
-    `indices` (`RerankResponse.indices`) is the reranker's claim of each result's position;
-    it is used only when every result's item is the candidate at its claimed position, the
-    positions are distinct and the scores finite floats, all checked. A claim that fails any
-    check is ignored: the results are then mapped by identity, as without it.
     """
     wanted = len(candidates) if top_k is None else min(top_k, len(candidates))
     if len(results) < wanted:
@@ -70,60 +69,17 @@ def map_results(
             f"reranker returned {len(results)} results for {len(candidates)} candidates; "
             f"expected {wanted}"
         )
-    mapped = None if indices is None else _mapped_indexed(candidates, results, indices)
-    if mapped is None:
-        mapped = _mapped_plain(candidates, results)
+    mapped = _mapped_plain(candidates, results)
     if mapped is None:  # anything unusual: the checks below, result by result
         mapped = _mapped_checked(candidates, results)
     # Best first, ties in input order: a sort by position, then a stable sort by score
     # descending (reverse=True keeps equal keys in order), both without a Python key function.
-    # Scores already strictly falling (what a client hands back, when nothing ties) are that
-    # order already, and one C-speed comparison pass says so.
-    scores = list(map(_SCORE, mapped))
-    if not all(map(gt, scores, islice(scores, 1, None))):
-        mapped.sort()
-        mapped.sort(key=_SCORE, reverse=True)
+    mapped.sort()
+    mapped.sort(key=itemgetter(1), reverse=True)
     return mapped
 
 
-def _mapped_indexed(
-    candidates: Sequence[Candidate], results: Sequence[tuple[Any, Any]], indices: Sequence[int]
-) -> list[tuple[int, float]] | None:
-    """The pairs when the claimed `indices` hold, else None: each an int in range, no two
-    alike, each result an (item, score) tuple whose item IS the candidate at its index and
-    whose score is a finite float, and no candidate object given twice. Then the claim is the
-    only mapping identity allows, so taking it changes nothing; where one object stands at two
-    positions identity cannot tell them apart, and `_mapped_plain` decides as it always has.
-    Every check is one C-speed pass (`map`, `set`, `min`); none builds a table of the
-    candidates, which is what makes this cheaper than `_mapped_plain`."""
-    try:
-        claimed = list(indices)
-    except TypeError:
-        return None
-    n = len(claimed)
-    if (
-        n != len(results)
-        or not set(map(type, claimed)) <= _INT
-        or (n and (min(claimed) < 0 or max(claimed) >= len(candidates)))
-        or len(set(claimed)) != n
-        or not set(map(type, results)) <= _TUPLE
-        or not set(map(len, results)) <= _PAIR
-        or not all(map(is_, map(_ITEM, results), map(candidates.__getitem__, claimed)))
-        or len(set(map(id, candidates))) != len(candidates)
-    ):
-        return None
-    scores = list(map(_SCORE, results))
-    if not set(map(type, scores)) <= _FLOAT or not all(map(math.isfinite, scores)):
-        return None
-    return list(zip(claimed, scores, strict=True))
-
-
 _CANDIDATE = frozenset((Candidate,))
-_INT = frozenset((int,))
-_FLOAT = frozenset((float,))
-_TUPLE = frozenset((tuple,))
-_PAIR = frozenset((2,))
-_ITEM = itemgetter(0)
 _SCORE = itemgetter(1)
 
 
@@ -363,12 +319,19 @@ class RerankStage:
         started: float,
         top_k: int | None,
     ) -> StageOutcome:
-        try:
-            mapped = map_results(cands, response.results, top_k, indices=response.indices)
-        except RerankProtocolError as exc:
-            exc.requests, exc.retries = response.requests, response.retries
-            exc.batches = response.batches
-            return self._failed(span, cands, exc, started, top_k)
+        if type(response) is ClientResponse and response.indices is not None:
+            # Our HTTP client's answer: each index already checked against the server's reply
+            # (in range, once, finite float, as many as expected) and mapped onto a copy of
+            # `cands`, so `cands[i]` is the result's item; rebuilding that from identities
+            # was the largest piece of the stage's own work around a sampled-out call.
+            mapped = list(zip(response.indices, map(_SCORE, response.results), strict=True))
+        else:
+            try:
+                mapped = map_results(cands, response.results, top_k)
+            except RerankProtocolError as exc:
+                exc.requests, exc.retries = response.requests, response.retries
+                exc.batches = response.batches
+                return self._failed(span, cands, exc, started, top_k)
         scored = mapped  # everything the reranker scored: what the quality signals compare
         if top_k is not None:
             mapped = mapped[:top_k]

@@ -20,7 +20,7 @@ from .. import shared_deadline, validate
 from .._args import check_sendable, rank, snapshot
 from .._redact import masked_url
 from ..errors import RerankClientClosedError
-from ..models import RerankResponse
+from ..models import ClientResponse, RerankResponse
 from .body import DEFAULT_MAX_RESPONSE_BYTES
 from .flow import Call
 from .plan import Learned, Plan
@@ -203,7 +203,7 @@ class ClientCore(Generic[H]):
         own item, best first, with the indices kept beside them (`RerankResponse.indices`)."""
         ranked = rank(pairs, call.top_k)
         indices = list(map(itemgetter(0), ranked))
-        return RerankResponse(
+        return ClientResponse(
             results=list(
                 zip(map(items.__getitem__, indices), map(itemgetter(1), ranked), strict=True)
             ),

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -474,40 +473,25 @@ def plain_pairs(entries: list[Any], score_key: str, n_texts: int) -> list[tuple[
     than the checks that explain (they were a tenth of the async client's CPU per call at 64
     concurrent callers, issue 26).
     """
-    # Each check is one C-speed pass over the results (`map`, `set`, `min`, `max`): a Python
-    # loop with two lookups and five tests per result was the largest piece of the client's
-    # own work per call that remained (issue 26).
-    if not set(map(type, entries)) <= _DICT:
-        return None
-    try:
-        indices = list(map(_INDEX_OF, entries))
-        scores = list(map(_score_getter(score_key), entries))
-    except KeyError:
-        return None
-    if (
-        not set(map(type, indices)) <= _INT
-        or not set(map(type, scores)) <= _FLOAT
-        or (indices and (min(indices) < 0 or max(indices) >= n_texts))
-        or len(set(indices)) != len(indices)
-        or not all(map(math.isfinite, scores))
-    ):
-        return None
-    return list(zip(indices, scores, strict=True))
-
-
-_DICT = frozenset((dict,))
-_INT = frozenset((int,))
-_FLOAT = frozenset((float,))
-_INDEX_OF = operator.itemgetter("index")
-_SCORE_GETTERS: dict[str, operator.itemgetter[Any]] = {}
-
-
-def _score_getter(key: str) -> operator.itemgetter[Any]:
-    """`operator.itemgetter(key)`, made once per score key (a handful: one per wire format)."""
-    getter = _SCORE_GETTERS.get(key)
-    if getter is None:
-        getter = _SCORE_GETTERS.setdefault(key, operator.itemgetter(key))
-    return getter
+    seen = [False] * n_texts
+    pairs: list[tuple[int, float]] = []
+    append, finite = pairs.append, math.isfinite
+    for entry in entries:
+        if type(entry) is not dict:
+            return None
+        index = entry.get("index")
+        score = entry.get(score_key)
+        if (
+            type(index) is not int
+            or type(score) is not float
+            or not 0 <= index < n_texts
+            or seen[index]
+            or not finite(score)
+        ):
+            return None
+        seen[index] = True
+        append((index, score))
+    return pairs
 
 
 _BATCH_REFUSALS = (

@@ -1,10 +1,9 @@
-"""A reranker's claimed result positions (`RerankResponse.indices`) are checked, never trusted.
+"""Result positions (`RerankResponse.indices`): taken from our clients, ignored from others.
 
-The HTTP clients know each result's index (the APIs answer by index), so they hand it to the
-stage beside the results, which then skips rebuilding the positions from object identities
-(issue 26). A claim is only a shortcut: `map_results` takes it only when every result's item
-*is* the candidate at its claimed position, so whatever the claim says, the stage's mapping is
-the one identity gives. These tests feed it true claims and every kind of false one.
+The HTTP clients know each result's index (the APIs answer by index, and every index is
+checked before it is used), so they answer with a `ClientResponse` carrying them, and the stage
+maps it without rebuilding the positions from object identities (issue 26). Any other
+reranker's `indices` are not trusted: its results are checked one by one, as before.
 
 Also here: the C-speed fast paths of the argument snapshot, the ranking and the stage's input
 check, each against the plain definition it replaces.
@@ -13,7 +12,6 @@ check, each against the plain definition it replaces.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,116 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrieval_stage import Candidate, RerankProtocolError, RerankResponse, RerankStage
+from retrieval_stage import Candidate, RerankClient, RerankResponse, RerankStage
 from retrieval_stage._args import rank, snapshot
+from retrieval_stage.client.steps import Pairs
+from retrieval_stage.models import ClientResponse
 from retrieval_stage.stage import map_results
-
-
-def _outcome(f: Any) -> Any:
-    """What `f()` returns, or the type and message of the `RerankProtocolError` it raises."""
-    try:
-        return f()
-    except RerankProtocolError as exc:
-        return ("raised", str(exc))
-
-
-@st.composite
-def answers(draw: st.DrawFn) -> tuple[list[Candidate], list[tuple[Any, Any]], list[Any]]:
-    """Candidates (one object possibly given twice), a plausible answer, and a claim about
-    it: true, or false in one of the ways a buggy reranker could get it wrong."""
-    n = draw(st.integers(0, 12))
-    cands = [Candidate(f"d{i}", f"text {i}", score=1.0 - i / 16) for i in range(n)]
-    if n >= 2 and draw(st.booleans()):
-        cands[draw(st.integers(1, n - 1))] = cands[0]  # the same object at two positions
-    order = draw(st.permutations(range(n)))
-    scores = draw(st.lists(st.sampled_from([0.9, 0.5, 0.5, 0.1, -2.0]), min_size=n, max_size=n))
-    results: list[tuple[Any, Any]] = [
-        (cands[i], s) for i, s in zip(order, sorted(scores, reverse=True), strict=True)
-    ]
-    claim: list[Any] = list(order)
-    lie = draw(
-        st.sampled_from(
-            [
-                "true",
-                "swap",
-                "shift",
-                "negative",
-                "out_of_range",
-                "duplicate",
-                "bool",
-                "float",
-                "short",
-                "long",
-            ]
-        )
-    )
-    if lie == "swap" and n >= 2:
-        a, b = draw(st.permutations(range(n)))[:2]
-        claim[a], claim[b] = claim[b], claim[a]
-    elif lie == "shift" and n:
-        claim = [(i + 1) % n for i in claim]
-    elif lie == "negative" and n:
-        claim[draw(st.integers(0, n - 1))] -= n  # a valid Python index, a wrong position
-    elif lie == "out_of_range" and n:
-        claim[draw(st.integers(0, n - 1))] = n
-    elif lie == "duplicate" and n >= 2:
-        claim[1] = claim[0]
-    elif lie == "bool" and n:
-        claim = [bool(i) if i in (0, 1) else i for i in claim]
-    elif lie == "float" and n:
-        claim[0] = float(claim[0])
-    elif lie == "short" and n:
-        claim = claim[:-1]
-    elif lie == "long":
-        claim = [*claim, 0]
-    if draw(st.booleans()) and results:  # sometimes the answer itself is off too
-        j = draw(st.integers(0, len(results) - 1))
-        results[j] = draw(
-            st.sampled_from(
-                [
-                    (results[j][0], float("nan")),
-                    (results[j][0], 1),
-                    (Candidate("intruder", "x"), 0.5),
-                    (results[0][0], results[j][1]),
-                    [results[j][0], results[j][1]],  # a list, not a tuple
-                ]
-            )
-        )
-    return cands, results, claim
-
-
-@settings(max_examples=400, deadline=None)
-@given(answers(), st.sampled_from([None, 1, 3]))
-def test_any_claim_maps_exactly_as_identity_does(
-    case: tuple[list[Candidate], list[tuple[Any, Any]], list[Any]], top_k: int | None
-) -> None:
-    cands, results, claim = case
-    plain = _outcome(lambda: map_results(cands, results, top_k))
-    claimed = _outcome(lambda: map_results(cands, results, top_k, indices=claim))
-    assert claimed == plain
-    if not isinstance(plain, tuple):  # mapped: each position's candidate has its result's score
-        answered = Counter((id(item), float(score)) for item, score in results)
-        assert Counter((id(cands[i]), s) for i, s in plain) == answered
-        assert len({i for i, _ in plain}) == len(plain)
-
-
-def test_a_true_claim_gives_the_sorted_checked_mapping() -> None:
-    cands = [Candidate(f"d{i}", f"t{i}") for i in range(4)]
-    results: list[tuple[Any, Any]] = [(cands[2], 0.9), (cands[0], 0.5), (cands[3], 0.5)]
-    results.append((cands[1], 0.1))
-    assert map_results(cands, results, indices=[2, 0, 3, 1]) == [
-        (2, 0.9),
-        (0, 0.5),
-        (3, 0.5),
-        (1, 0.1),
-    ]
-
-
-@pytest.mark.parametrize("claim", [None, (1, 0), iter([1, 0]), 7, "10"])
-def test_a_claim_of_any_type_is_only_ever_a_shortcut(claim: Any) -> None:
-    cands = [Candidate("a", "x"), Candidate("b", "y")]
-    results: list[tuple[Any, Any]] = [(cands[1], 0.7), (cands[0], 0.2)]
-    assert map_results(cands, results, indices=claim) == [(1, 0.7), (0, 0.2)]
 
 
 class _Lying:
@@ -157,6 +50,30 @@ def test_the_stage_labels_by_identity_whatever_the_claim() -> None:
         ("c", 0.1, 2),
     ]
     assert all(r.candidate is cands[r.input_index] for r in out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.sampled_from([0.9, 0.5, 0.5, 0.1, -2.0, 0.0]), max_size=40),
+    st.randoms(use_true_random=False),
+    st.sampled_from([None, 1, 5]),
+)
+def test_a_client_response_maps_as_the_checked_way_does(
+    scores: list[float], rnd: Any, top_k: int | None
+) -> None:
+    """The client's `_finish` (what turns checked server pairs into its answer) gives indices
+    whose mapping is exactly what checking every result against the candidates gives."""
+    cands = [Candidate(f"d{i}", f"text {i}") for i in range(len(scores))]
+    pairs: Pairs = list(enumerate(scores))
+    rnd.shuffle(pairs)  # the server's order: any
+    client = RerankClient("http://127.0.0.1:9")
+    kept, call = client._begin("q", cands, lambda c: c.text, top_k)
+    response = client._finish(kept, call, pairs)
+    assert type(response) is ClientResponse
+    assert response.indices is not None
+    trusted = list(zip(response.indices, (s for _, s in response.results), strict=True))
+    assert trusted == map_results(cands, response.results, top_k)
+    client.close()
 
 
 # -- the snapshot, the ranking and the input check ------------------------------------------
