@@ -43,6 +43,7 @@ __all__ = [
     "metrics_configured",
     "plain_attributes",
     "set_span_attributes",
+    "span_attributes",
     "tracing_suppressed",
 ]
 
@@ -73,6 +74,18 @@ def attribute_limit(span: Span) -> int | None:
             return value if isinstance(value, int) else None
     raw = os.environ.get("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "")
     return int(raw) if raw.isdigit() else SDK_DEFAULT_ATTRIBUTE_LIMIT
+
+
+def span_attributes(span: Span) -> Mapping[str, object]:
+    """The attributes the span holds now, to read: an SDK span's own dict (the SDK hands out
+    ``span.attributes`` as a read-only proxy over its `BoundedAttributes`, whose lookups and
+    length run in Python), else whatever the span's ``attributes`` gives (empty for none)."""
+    bounded = getattr(span, "_attributes", None)
+    if isinstance(span, SdkSpan) and type(bounded) is BoundedAttributes:
+        stored: Mapping[str, object] = bounded._dict
+        return stored
+    attributes: Mapping[str, object] | None = getattr(span, "attributes", None)
+    return attributes or {}
 
 
 def set_span_attributes(
