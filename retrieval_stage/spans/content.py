@@ -22,6 +22,7 @@ __all__ = [
     "TRUNCATION_MARKER",
     "cap_content",
     "capped",
+    "float_reprs",
     "metadata_json",
     "output_value",
 ]

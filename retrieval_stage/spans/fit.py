@@ -5,9 +5,9 @@ which would erase the span's kind and query first. So a span's identity is writt
 everything else last, in one call, only as much as fits: the outcome first, then documents,
 dropping from the tail (lowest ranked) first and recording how many were left out.
 
-Document keys are precomputed once per process (up to `KEY_CACHE_BOUND` positions) and each
-candidate's capped id, content and metadata are computed once even when the candidate appears
-both as an input and as an output document.
+Document keys are precomputed once per process (up to `KEY_CACHE_BOUND` positions); ids and
+texts are capped inline, and a candidate's metadata JSON is computed once even when the
+candidate appears both as an input and as an output document.
 """
 
 from __future__ import annotations
