@@ -1,7 +1,7 @@
 """The only place the library reads OpenTelemetry state that has no public API.
 
-Three facts have no public accessor in opentelemetry-api/-sdk 1.45, and one write has no cheap
-public path:
+Three facts have no public accessor in opentelemetry-api/-sdk 1.45, one read and one write
+have no cheap public path:
 
 - whether instrumentation is suppressed: the API's context key ``_SUPPRESS_INSTRUMENTATION_KEY``
   is what OpenTelemetry's own instrumentations, its span processors and OpenInference's
@@ -11,6 +11,9 @@ public path:
   exposes the attributes only as a read-only mapping without the bound;
 - whether metrics go anywhere: until an application sets a global MeterProvider, the API's
   global is a private ``_ProxyMeterProvider`` whose instruments drop every point;
+- reading which attributes a span holds: ``span.attributes`` is a fresh ``MappingProxyType``
+  over the SDK's `BoundedAttributes`, whose lookups and length run in Python (`span_attributes`
+  hands out the dict inside, to read);
 - writing a RERANKER span's ~300 outcome attributes: the SDK's ``set_attributes`` re-validates
   every value (a recursive ``_clean_attribute_value`` over the mapping) and stores key by key,
   which profiled as the largest single cost a traced async call adds on the event loop (issue
@@ -18,8 +21,9 @@ public path:
   span's attribute dict, under the span's and the dict's own locks, and hands anything else to
   the SDK.
 
-`tests/spans/test_otel_private.py` pins all four against the installed SDK, so a release that
-moves either fails that test loudly instead of silently changing what the spans keep.
+`tests/spans/test_otel_private.py` and `tests/spans/test_attribute_write.py` pin all five
+against the installed SDK, so a release that moves any of them fails those tests loudly instead
+of silently changing what the spans keep.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ __all__ = [
     "metrics_configured",
     "plain_attributes",
     "set_span_attributes",
+    "span_attributes",
     "tracing_suppressed",
 ]
 
@@ -73,6 +78,18 @@ def attribute_limit(span: Span) -> int | None:
             return value if isinstance(value, int) else None
     raw = os.environ.get("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "")
     return int(raw) if raw.isdigit() else SDK_DEFAULT_ATTRIBUTE_LIMIT
+
+
+def span_attributes(span: Span) -> Mapping[str, object]:
+    """The attributes the span holds now, to read: an SDK span's own dict (the SDK hands out
+    ``span.attributes`` as a read-only proxy over its `BoundedAttributes`, whose lookups and
+    length run in Python), else whatever the span's ``attributes`` gives (empty for none)."""
+    bounded = getattr(span, "_attributes", None)
+    if isinstance(span, SdkSpan) and type(bounded) is BoundedAttributes:
+        stored: Mapping[str, object] = bounded._dict
+        return stored
+    attributes: Mapping[str, object] | None = getattr(span, "attributes", None)
+    return attributes or {}
 
 
 def set_span_attributes(

@@ -13,8 +13,9 @@ no-op. Keys come from `openinference-semantic-conventions`, never typed by hand.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any
 
 from openinference.instrumentation import TraceConfig, get_attributes_from_context
@@ -56,6 +57,7 @@ __all__ = [
     "context_attributes",
     "fallback_description",
     "identity_attributes",
+    "masks_nothing",
     "output_content_from_env",
 ]
 
@@ -90,7 +92,8 @@ def identity_attributes(
         SpanAttributes.OPENINFERENCE_SPAN_KIND: OpenInferenceSpanKindValues.RERANKER.value,
     }
     capped = cap_content(query, max_bytes)
-    masked = config.mask(RerankerAttributes.RERANKER_QUERY, capped)
+    unmasked = masks_nothing(config)
+    masked = capped if unmasked else config.mask(RerankerAttributes.RERANKER_QUERY, capped)
     if masked is not None:
         attributes[RerankerAttributes.RERANKER_QUERY] = masked
     if model_name is not None:
@@ -100,13 +103,22 @@ def identity_attributes(
     if provider is not None:
         attributes[ATTR_PROVIDER] = provider
     attributes[ATTR_DOCUMENTS] = documents
-    value = config.mask(SpanAttributes.INPUT_VALUE, capped)
+    value = capped if unmasked else config.mask(SpanAttributes.INPUT_VALUE, capped)
     if value is not None:
         attributes[SpanAttributes.INPUT_VALUE] = value
-    mime_type = config.mask(SpanAttributes.INPUT_MIME_TYPE, _TEXT)
+    mime_type = _TEXT if unmasked else config.mask(SpanAttributes.INPUT_MIME_TYPE, _TEXT)
     if mime_type is not None:
         attributes[SpanAttributes.INPUT_MIME_TYPE] = mime_type
     return attributes
+
+
+def masks_nothing(config: TraceConfig) -> bool:
+    """True when ``config.mask`` returns every value of the RERANKER span's own keys (query,
+    input and output value and mime type) as given: OpenInference's own `TraceConfig` (a
+    subclass may mask as it likes) hiding neither inputs nor outputs, whatever its other
+    settings (they mask keys of other span kinds). Then the span skips its five ``mask`` calls,
+    each a walk through two dozen settings (issue 26)."""
+    return type(config) is TraceConfig and not config.hide_inputs and not config.hide_outputs
 
 
 def context_attributes() -> dict[str, AttributeValue]:
@@ -153,7 +165,6 @@ class RerankerSpans:
             "retrieval_stage", __version__, tracer_provider=tracer_provider
         )
 
-    @contextmanager
     def start(
         self,
         query: str,
@@ -162,45 +173,104 @@ class RerankerSpans:
         model_name: str | None,
         top_k: int | None,
         provider: str | None,
-    ) -> Iterator[RerankerSpan]:
+    ) -> AbstractContextManager[RerankerSpan]:
         """The call's span, current while the block runs; an exception escaping the block is
         recorded and sets ERROR. Under suppression, a span whose every method is a no-op."""
+        return _Started(self, query, candidates, model_name, top_k, provider)
+
+
+class _Started:
+    """What `RerankerSpans.start` returns: ``start_as_current_span`` for one RERANKER span.
+
+    On entering: the span is started with its identity (unless tracing is suppressed) and made
+    current, then OpenInference's context attributes that fit are added. On leaving, however
+    the block ends: detach, record an escaping `Exception` with its ERROR status, end; the
+    exception goes on. A class rather than a ``@contextmanager`` generator, which cost as much
+    as the rest of a sampled-out call's span (issue 26).
+    """
+
+    __slots__ = (
+        "_candidates",
+        "_model_name",
+        "_provider",
+        "_query",
+        "_span",
+        "_token",
+        "_top_k",
+        "_writer",
+    )
+
+    def __init__(
+        self,
+        writer: RerankerSpans,
+        query: str,
+        candidates: list[Candidate],
+        model_name: str | None,
+        top_k: int | None,
+        provider: str | None,
+    ) -> None:
+        self._writer = writer
+        self._query = query
+        self._candidates = candidates
+        self._model_name = model_name
+        self._top_k = top_k
+        self._provider = provider
+        self._span: Span | None = None
+        self._token: object = None
+
+    def __enter__(self) -> RerankerSpan:
+        writer = self._writer
         if tracing_suppressed():
-            yield RerankerSpan(self, INVALID_SPAN, candidates)
-            return
+            return RerankerSpan(writer, INVALID_SPAN, self._candidates)
         attributes = identity_attributes(
-            query=query,
-            model_name=model_name,
-            top_k=top_k,
-            provider=provider,
-            documents=len(candidates),
-            config=self.trace_config,
-            max_bytes=self.max_content_length,
+            query=self._query,
+            model_name=self._model_name,
+            top_k=self._top_k,
+            provider=self._provider,
+            documents=len(self._candidates),
+            config=writer.trace_config,
+            max_bytes=writer.max_content_length,
         )
-        # What `start_as_current_span` does, without its two nested generator-based managers
-        # (measurable even on a sampled-out call, issue 26): start, make current, and on
-        # leaving detach, record an escaping `Exception` with its ERROR status, end.
-        span = self._tracer.start_span(
+        span = writer._tracer.start_span(
             "rerank",
             attributes=attributes,
             record_exception=True,
             set_status_on_exception=True,
         )
+        self._span = span
         try:
-            token = context.attach(trace.set_span_in_context(span))
-            try:
-                if span.is_recording():
-                    extra = context_attributes()
-                    if extra:
-                        span.set_attributes(fit_head(span, extra))
-                yield RerankerSpan(self, span, candidates)
-            finally:
-                context.detach(token)
-        except Exception as exc:
+            self._token = context.attach(trace.set_span_in_context(span))
+        except BaseException as exc:
+            self._leave(exc, attached=False)
+            raise
+        try:
             if span.is_recording():
+                extra = context_attributes()
+                if extra:
+                    span.set_attributes(fit_head(span, extra))
+        except BaseException as exc:
+            self._leave(exc, attached=True)
+            raise
+        return RerankerSpan(writer, span, self._candidates)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._span is not None:  # None: suppressed, no span
+            self._leave(exc, attached=True)
+
+    def _leave(self, exc: BaseException | None, *, attached: bool) -> None:
+        span = self._span
+        assert span is not None
+        try:
+            if attached:
+                context.detach(self._token)  # type: ignore[arg-type]
+            if isinstance(exc, Exception) and span.is_recording():
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-            raise
         finally:
             span.end()
 
@@ -289,7 +359,12 @@ class RerankerSpan:
                     model, writer.max_content_length
                 )
             config = writer.trace_config
-            if outputs is not None:
+            if outputs is not None and masks_nothing(config):
+                stats[SpanAttributes.OUTPUT_VALUE] = output_value(
+                    outputs, fell_back=fell_back, max_bytes=writer.max_content_length
+                )
+                stats[SpanAttributes.OUTPUT_MIME_TYPE] = _JSON
+            elif outputs is not None:
                 value = config.mask(
                     SpanAttributes.OUTPUT_VALUE,
                     output_value(outputs, fell_back=fell_back, max_bytes=writer.max_content_length),

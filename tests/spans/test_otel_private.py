@@ -6,9 +6,12 @@ the library silently keeping too few (or evicting) attributes or tracing under s
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from openinference.instrumentation import suppress_tracing
 from opentelemetry import context as otel_context
+from opentelemetry import trace
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.trace import INVALID_SPAN
@@ -86,3 +89,13 @@ def test_metrics_count_as_configured_only_with_a_real_meter_provider() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.split() == ["False", "True"]
+
+
+def test_the_span_dict_is_the_sdks_own() -> None:
+    span: Any = TracerProvider().get_tracer("t").start_span("s", attributes={"a": 1})
+    held = _otel_private.span_attributes(span)
+    assert dict(held) == dict(span.attributes)
+    span.set_attribute("b", 2)
+    assert list(held) == ["a", "b"]  # live: what the span holds now
+    span.end()
+    assert _otel_private.span_attributes(trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)) == {}
