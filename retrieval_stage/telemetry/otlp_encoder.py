@@ -84,35 +84,42 @@ class UnsupportedValue(Exception):
 _TRUE = b"\x10\x01"
 _FALSE = b"\x10\x00"
 
+_Parts = list[bytes | bytearray]
+"""Pieces of a message, joined once (`bytes.join` takes bytearrays too)."""
+
 _KEY_CACHE_LIMIT = 8192
+"""Keys remembered per field tag; the cache is emptied when full (a span with unbounded
+distinct keys costs CPU, never memory)."""
 
 
 class _Key:
-    """What every attribute with this key starts with, computed once per key.
+    """What every attribute with this key starts with, computed once per key and field tag.
 
     `head` is KeyValue.key (field 1, absent for "") followed by the tag of KeyValue.value
-    (field 2); `double` is everything after the outer tag up to a double's 8 bytes: the
-    KeyValue's length, `head`, the AnyValue's length (9) and the double_value tag.
+    (field 2); `size` is its length. `float_head` is a whole double attribute up to its 8
+    bytes: the field `tag`, the KeyValue's length, `head`, the AnyValue's length (9) and the
+    double_value tag.
     """
 
-    __slots__ = ("double", "head", "size")
+    __slots__ = ("float_head", "head", "size")
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, tag: bytes) -> None:
         if type(key) is not str:
             raise UnsupportedValue(f"attribute key of type {type(key).__name__}")
         raw = key.encode("utf-8")
         self.head = (b"\x0a" + _varint(len(raw)) + raw if raw else b"") + b"\x12"
         self.size = len(self.head)
-        self.double = _varint(self.size + 10) + self.head + b"\x09\x21"
+        self.float_head = tag + _varint(self.size + 10) + self.head + b"\x09\x21"
 
 
-_key_cache: dict[str, _Key] = {}
+# One key cache per field tag (span, event, link, resource, scope attributes).
+_key_caches: dict[bytes, dict[str, _Key]] = {}
 
 
-def _key(key: str) -> _Key:
-    if len(_key_cache) >= _KEY_CACHE_LIMIT:
-        _key_cache.clear()
-    entry = _key_cache[key] = _Key(key)
+def _key(cache: dict[str, _Key], key: str, tag: bytes) -> _Key:
+    if len(cache) >= _KEY_CACHE_LIMIT:
+        cache.clear()
+    entry = cache[key] = _Key(key, tag)
     return entry
 
 
@@ -130,6 +137,20 @@ _STRING_MIDS: list[bytes] = [
     _varint(len(_STRING_HEADS[size]) + size) + _STRING_HEADS[size] for size in range(_MID_LIMIT)
 ]
 _STRING_EXTRAS: list[int] = [len(_STRING_MIDS[size]) + size for size in range(_MID_LIMIT)]
+
+_TAGGED_LIMIT = _MID_LIMIT + 256
+"""KeyValue lengths whose field tag + length varint is precomputed per tag: a string under
+`_MID_LIMIT` bytes under a key of up to ~250 bytes."""
+
+_tagged_varints: dict[bytes, list[bytes]] = {}
+
+
+def _tagged(tag: bytes) -> list[bytes]:
+    """`tag` followed by the varint of n, for every n below `_TAGGED_LIMIT` (built once)."""
+    table = _tagged_varints.get(tag)
+    if table is None:
+        table = _tagged_varints[tag] = [tag + v for v in _VARINTS[:_TAGGED_LIMIT]]
+    return table
 
 
 def _any_value(value: Any) -> bytes:
@@ -184,8 +205,23 @@ def _any_value_slow(value: Any) -> bytes:
     raise UnsupportedValue(f"attribute value of type {type(value).__name__}")
 
 
-def _attributes(out: bytearray, tag: bytes, attributes: Mapping[str, Any] | None) -> None:
-    """Append each attribute as a KeyValue field `tag`, in the mapping's order."""
+def _attribute(parts: _Parts, tag: bytes, entry: _Key, value: Any) -> None:
+    """Append one KeyValue field `tag` of any value type: the general path."""
+    body = _any_value(value)
+    body_len = _varint(len(body))
+    parts.append(tag + _varint(entry.size + len(body_len) + len(body)) + entry.head + body_len)
+    parts.append(body)
+
+
+def _attributes(parts: _Parts, tag: bytes, attributes: Mapping[str, Any] | None) -> None:
+    """Append each attribute as a KeyValue field `tag`, in the mapping's order.
+
+    The loop below is the hot path of a RERANKER span (~320 attributes, nearly all str or
+    float): per attribute one cache lookup, one type check and list appends of bytes that are
+    precomputed per key, per string size and per KeyValue length, all joined once by the
+    caller. A string or key too long for those tables raises IndexError there; the mapping is
+    then written again by the general path, which computes every length.
+    """
     if not attributes:
         return
     try:
@@ -194,53 +230,45 @@ def _attributes(out: bytearray, tag: bytes, attributes: Mapping[str, Any] | None
         items = attributes.copy().items()  # type: ignore[attr-defined]
     except AttributeError:
         items = attributes.items()
-    key_cache = _key_cache
-    varints = _VARINTS
-    heads = _STRING_HEADS
+    cache = _key_caches.get(tag)
+    if cache is None:
+        cache = _key_caches[tag] = {}
+    start = len(parts)
+    tagged = _tagged(tag)
     mids = _STRING_MIDS
     extras = _STRING_EXTRAS
-    mid_limit = _MID_LIMIT
-    limit = _SMALL_VARINT_LIMIT
     double = _DOUBLE
-    for key, value in items:
-        entry = key_cache.get(key)
-        if entry is None:
-            entry = _key(key)
-        kind = type(value)
-        if kind is str:
-            raw = value.encode("utf-8")
-            size = len(raw)
-            if size < mid_limit:
-                kv_len = entry.size + extras[size]
-                out += tag
-                out += varints[kv_len] if kv_len < limit else _varint(kv_len)
-                out += entry.head
-                out += mids[size]
-                out += raw
-                continue
-            string_head = heads[size] if size < limit else b"\x0a" + _varint(size)
-            value_len = len(string_head) + size
-            value_len_varint = varints[value_len] if value_len < limit else _varint(value_len)
-            kv_len = entry.size + len(value_len_varint) + value_len
-            out += tag
-            out += varints[kv_len] if kv_len < limit else _varint(kv_len)
-            out += entry.head
-            out += value_len_varint
-            out += string_head
-            out += raw
-        elif kind is float:
-            out += tag
-            out += entry.double
-            out += double(value)
-        else:
-            body = _any_value(value)
-            body_len_varint = _varint(len(body))
-            kv_len = entry.size + len(body_len_varint) + len(body)
-            out += tag
-            out += _varint(kv_len)
-            out += entry.head
-            out += body_len_varint
-            out += body
+    try:
+        for key, value in items:
+            entry = cache.get(key)
+            if entry is None:
+                entry = _key(cache, key, tag)
+            # Direct parts.append calls (not a bound method) use CPython's list-append fast path.
+            if type(value) is str:
+                raw = value.encode("utf-8")
+                size = len(raw)
+                parts.append(tagged[entry.size + extras[size]])
+                parts.append(entry.head)
+                parts.append(mids[size])
+                parts.append(raw)
+            elif type(value) is float:
+                parts.append(entry.float_head)
+                parts.append(double(value))
+            else:
+                _attribute(parts, tag, entry, value)
+    except IndexError:  # a string of _MID_LIMIT bytes or more, or a very long key
+        del parts[start:]
+        for key, value in items:
+            entry = cache.get(key)
+            if entry is None:
+                entry = _key(cache, key, tag)
+            _attribute(parts, tag, entry, value)
+
+
+def _attributes_bytes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
+    parts: _Parts = []
+    _attributes(parts, tag, attributes)
+    return b"".join(parts)
 
 
 def _string_field(out: bytearray, tag: bytes, value: str | None) -> None:
@@ -265,7 +293,7 @@ def _message_field(out: bytearray, tag: bytes, body: bytes | bytearray) -> None:
     out += body
 
 
-def _span(span: ReadableSpan) -> bytearray:
+def _span(span: ReadableSpan) -> bytes:
     """The body of one Span message (trace.proto), fields in ascending number order."""
     out = bytearray()
     context = span.get_span_context()
@@ -292,7 +320,10 @@ def _span(span: ReadableSpan) -> bytearray:
     if end:
         out += b"\x41"
         out += _FIXED64(end)
-    _attributes(out, b"\x4a", span.attributes)
+    parts: _Parts = [out]
+    _attributes(parts, b"\x4a", span.attributes)
+    out = bytearray()
+    parts.append(out)
     _uint32_field(out, b"\x50", span.dropped_attributes)
     for event in span.events:
         _message_field(out, b"\x5a", _event(event))
@@ -311,7 +342,7 @@ def _span(span: ReadableSpan) -> bytearray:
         _message_field(out, b"\x7a", body)
     out += b"\x85\x01"
     out += _FLAGS_REMOTE if parent and parent.is_remote else _FLAGS_LOCAL
-    return out
+    return b"".join(parts)
 
 
 def _event(event: Any) -> bytearray:
@@ -322,7 +353,7 @@ def _event(event: Any) -> bytearray:
         out += b"\x09"
         out += _FIXED64(timestamp)
     _string_field(out, b"\x12", event.name)
-    _attributes(out, b"\x1a", event.attributes)
+    out += _attributes_bytes(b"\x1a", event.attributes)
     _uint32_field(out, b"\x20", event.dropped_attributes)
     return out
 
@@ -335,7 +366,7 @@ def _link(link: Any) -> bytearray:
     out += context.trace_id.to_bytes(16, "big")
     out += b"\x12\x08"
     out += context.span_id.to_bytes(8, "big")
-    _attributes(out, b"\x22", link.attributes)
+    out += _attributes_bytes(b"\x22", link.attributes)
     _uint32_field(out, b"\x28", link.dropped_attributes)
     out += b"\x35"
     out += _FLAGS_REMOTE if context and context.is_remote else _FLAGS_LOCAL
@@ -362,7 +393,7 @@ def _cached(cache: dict[int, tuple[Any, bytes]], obj: Any, encode: Any) -> bytes
 def _resource_fields(resource: Any) -> bytes:
     """ResourceSpans field 1 (the Resource, always present) plus field 3 (its schema_url)."""
     body = bytearray()
-    _attributes(body, b"\x0a", resource.attributes)
+    body += _attributes_bytes(b"\x0a", resource.attributes)
     out = bytearray()
     _message_field(out, b"\x0a", body)
     return bytes(out)
@@ -374,7 +405,7 @@ def _scope_field(scope: Any) -> bytes:
     if scope is not None:
         _string_field(body, b"\x0a", scope.name)
         _string_field(body, b"\x12", scope.version)
-        _attributes(body, b"\x1a", scope.attributes)
+        body += _attributes_bytes(b"\x1a", scope.attributes)
     out = bytearray()
     _message_field(out, b"\x0a", body)
     return bytes(out)
@@ -389,7 +420,7 @@ def encode_spans_fast(spans: Sequence[ReadableSpan]) -> bytes:
     # Equality classes found once per distinct object (Resource.__hash__ dumps JSON).
     canonical: dict[int, Any] = {}
     by_value: dict[Any, Any] = {}
-    groups: dict[int, dict[int, list[bytearray]]] = {}
+    groups: dict[int, dict[int, list[bytes]]] = {}
     keys: dict[int, Any] = {}
     for span in spans:
         resource = span.resource
