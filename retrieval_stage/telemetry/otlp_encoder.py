@@ -213,55 +213,83 @@ def _attribute(parts: _Parts, tag: bytes, entry: _Key, value: Any) -> None:
     parts.append(body)
 
 
+_LAYOUTS_PER_TAG = 8
+"""Key sequences remembered per field tag, with their cache entries in order."""
+
+_layouts: dict[bytes, list[tuple[list[str], list[_Key]]]] = {}
+
+
+def _entries(tag: bytes, keys: list[str]) -> list[_Key]:
+    """The cache entries for `keys`, in order.
+
+    The last few key sequences per tag are remembered with their entries: a RERANKER span's
+    ~320 keys are the same objects from one span to the next (the stage keeps key tables),
+    so one list comparison, mostly identity checks, replaces a dict lookup per attribute.
+    """
+    layouts = _layouts.get(tag)
+    if layouts is None:
+        layouts = _layouts[tag] = []
+    for known, entries in layouts:
+        if known == keys:
+            return entries
+    cache = _key_caches.get(tag)
+    if cache is None:
+        cache = _key_caches[tag] = {}
+    entries = []
+    for key in keys:
+        entry = cache.get(key)
+        if entry is None:
+            entry = _key(cache, key, tag)
+        entries.append(entry)
+    if len(layouts) >= _LAYOUTS_PER_TAG:
+        del layouts[0]
+    layouts.append((keys, entries))
+    return entries
+
+
 def _attributes(parts: _Parts, tag: bytes, attributes: Mapping[str, Any] | None) -> None:
     """Append each attribute as a KeyValue field `tag`, in the mapping's order.
 
     The loop below is the hot path of a RERANKER span (~320 attributes, nearly all str or
-    float): per attribute one cache lookup, one type check and list appends of bytes that are
-    precomputed per key, per string size and per KeyValue length, all joined once by the
-    caller. A string or key too long for those tables raises IndexError there; the mapping is
-    then written again by the general path, which computes every length.
+    float): per attribute one type check and list appends of bytes that are precomputed per
+    key, per string size and per KeyValue length, all joined once by the caller. A string or
+    key too long for those tables raises IndexError there; the mapping is then written again
+    by the general path, which computes every length.
     """
     if not attributes:
         return
     try:
         # BoundedAttributes (also behind a MappingProxyType) copies its dict in C: far cheaper
-        # than iterating the Mapping mixin's items() in Python.
-        items = attributes.copy().items()  # type: ignore[attr-defined]
+        # than iterating the Mapping mixin in Python.
+        copied: Mapping[str, Any] = attributes.copy()  # type: ignore[attr-defined]
     except AttributeError:
-        items = attributes.items()
-    cache = _key_caches.get(tag)
-    if cache is None:
-        cache = _key_caches[tag] = {}
+        copied = dict(attributes)
+    entries = _entries(tag, list(copied))
+    values = copied.values()
     start = len(parts)
     tagged = _tagged(tag)
     mids = _STRING_MIDS
     extras = _STRING_EXTRAS
     double = _DOUBLE
     try:
-        for key, value in items:
-            entry = cache.get(key)
-            if entry is None:
-                entry = _key(cache, key, tag)
+        for entry, value in zip(entries, values, strict=True):
             # Direct parts.append calls (not a bound method) use CPython's list-append fast path.
-            if type(value) is str:
-                raw = value.encode("utf-8")
+            kind = type(value)
+            if kind is str:
+                raw = value.encode()  # UTF-8, strict: a lone surrogate raises (SDK fallback)
                 size = len(raw)
                 parts.append(tagged[entry.size + extras[size]])
                 parts.append(entry.head)
                 parts.append(mids[size])
                 parts.append(raw)
-            elif type(value) is float:
+            elif kind is float:
                 parts.append(entry.float_head)
                 parts.append(double(value))
             else:
                 _attribute(parts, tag, entry, value)
     except IndexError:  # a string of _MID_LIMIT bytes or more, or a very long key
         del parts[start:]
-        for key, value in items:
-            entry = cache.get(key)
-            if entry is None:
-                entry = _key(cache, key, tag)
+        for entry, value in zip(entries, values, strict=True):
             _attribute(parts, tag, entry, value)
 
 
