@@ -287,6 +287,24 @@ def test_equal_resources_from_different_providers_are_grouped_as_the_sdk_groups_
     assert len(decoded.resource_spans) == 1
 
 
+def test_equal_resources_in_either_order_are_grouped_under_the_batchs_first() -> None:
+    """Equal resources whose attributes were set in another order encode differently; the
+    SDK keeps the first one of each batch, whatever earlier batches saw first."""
+    exporter = InMemorySpanExporter()
+    for attributes in ({"a": "1", "b": "2"}, {"b": "2", "a": "1"}):
+        provider = TracerProvider(resource=Resource(attributes))
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider.get_tracer("t").start_span("s").end()
+    first, second = exporter.get_finished_spans()
+    assert first.resource == second.resource
+    for batch in ([first, second], [second, first], [first, second]):
+        decoded = ExportTraceServiceRequest.FromString(assert_identical(batch))
+        (resource_spans,) = decoded.resource_spans
+        assert [a.key for a in resource_spans.resource.attributes] == list(
+            batch[0].resource.attributes
+        )
+
+
 def test_repeated_batches_reuse_cached_resource_and_scope_bytes_correctly() -> None:
     provider, exporter = service_provider()
     tracer = provider.get_tracer("t", "1")
