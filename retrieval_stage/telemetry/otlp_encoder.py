@@ -145,6 +145,14 @@ _TAGGED_LIMIT = _MID_LIMIT + 256
 
 _tagged_varints: dict[bytes, list[bytes]] = {}
 
+_INT_TABLE = 1024
+"""Non-negative ints whose KeyValue.value (AnyValue length, int_value tag, varint) is
+precomputed: our spans' counts (documents, top_k, requests, retries, batches)."""
+_INT_VALUES: list[bytes] = [
+    _varint(1 + len(_VARINTS[n])) + b"\x18" + _VARINTS[n] for n in range(_INT_TABLE)
+]
+_BOOL_VALUES = {True: b"\x02" + _TRUE, False: b"\x02" + _FALSE}
+
 
 def _tagged(tag: bytes) -> list[bytes]:
     """`tag` followed by the varint of n, for every n below `_TAGGED_LIMIT` (built once)."""
@@ -252,8 +260,9 @@ def _attributes(parts: _Parts, tag: bytes, attributes: Mapping[str, Any] | None)
     """Append each attribute as a KeyValue field `tag`, in the mapping's order.
 
     The loop below is the hot path of a RERANKER span (~320 attributes, nearly all str or
-    float): per attribute one type check and list appends of bytes that are precomputed per
-    key, per string size and per KeyValue length, all joined once by the caller. A string or
+    float, a few small ints and bools): per attribute one type check and list appends of bytes
+    that are precomputed per key, per value size and per KeyValue length, all joined once by
+    the caller; other values go through `_attribute`. A string or
     key too long for those tables raises IndexError there; the mapping is then written again
     by the general path, which computes every length.
     """
@@ -272,6 +281,9 @@ def _attributes(parts: _Parts, tag: bytes, attributes: Mapping[str, Any] | None)
     mids = _STRING_MIDS
     extras = _STRING_EXTRAS
     double = _DOUBLE
+    bools = _BOOL_VALUES
+    ints = _INT_VALUES
+    int_table = _INT_TABLE
     try:
         for entry, value in zip(entries, values, strict=True):
             # Direct parts.append calls (not a bound method) use CPython's list-append fast path.
@@ -286,6 +298,15 @@ def _attributes(parts: _Parts, tag: bytes, attributes: Mapping[str, Any] | None)
             elif kind is float:
                 parts.append(entry.float_head)
                 parts.append(double(value))
+            elif kind is bool:
+                parts.append(tagged[entry.size + 3])
+                parts.append(entry.head)
+                parts.append(bools[value])
+            elif kind is int and 0 <= value < int_table:
+                body = ints[value]
+                parts.append(tagged[entry.size + len(body)])
+                parts.append(entry.head)
+                parts.append(body)
             else:
                 _attribute(parts, tag, entry, value)
     except IndexError:  # a string of _MID_LIMIT bytes or more, or a very long key

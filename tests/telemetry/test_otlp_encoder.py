@@ -388,6 +388,13 @@ def test_strings_on_both_sides_of_every_size_table_encode_byte_identical(size: i
     assert_identical(spans)
 
 
+@pytest.mark.parametrize(
+    "value", [0, 1, 127, 128, 1023, 1024, 16383, 16384, 2**63 - 1, -1, -(2**63), True, False]
+)
+def test_ints_and_bools_either_side_of_the_int_table_encode_byte_identical(value: int) -> None:
+    assert_identical(one_span({"before": "x", "n": value, "m": value, "after": 0.5}))
+
+
 def test_a_key_too_long_for_the_length_table_takes_the_general_path() -> None:
     key = "k" * 400  # with a 4000-byte string the KeyValue is longer than the tag table
     assert_identical(one_span({"first": "v", key: "v" * 4000, "f": 2.5, "last": "w" * 4000}))
