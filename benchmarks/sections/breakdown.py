@@ -111,6 +111,17 @@ def rows(b: dict[str, Any], results: dict[str, Any]) -> list[Row]:
     for name, seconds in b["cpu_seconds_per_call"].items():
         share = f" = {seconds / raw_cpu:.2f} raw calls" if raw_cpu else ""
         out.append((f"breakdown (CPU): {name}", f"{seconds * 1e6:.0f} us{share}", "", ""))
+    attributes = b["attributes_per_span"]
+    for name in (SDK_ENCODE, FAST_ENCODE):
+        seconds = b["cpu_seconds_per_call"][name]
+        out.append(
+            (
+                f"breakdown (CPU): {name}, per attribute ({attributes} per span)",
+                f"{seconds * 1e9 / attributes:.0f} ns",
+                "",
+                "",
+            )
+        )
     out.append(
         (
             "breakdown: attributes / OTLP bytes per 50-document span; fast bytes == SDK bytes",

@@ -1,9 +1,10 @@
 """A direct OTLP/protobuf writer for trace export: the bytes of an ExportTraceServiceRequest.
 
 The SDK's `encode_spans` builds a protobuf message object per attribute and then serialises the
-tree; for a 50-document RERANKER span (310 attributes) that costs more CPU than the rerank call
-itself. This module writes the same wire format straight into bytearrays (tags precomputed,
-lengths computed arithmetically, one join at the end) and produces output byte-identical to
+tree; for a 50-document RERANKER span (~320 attributes) that costs more CPU than the rerank call
+itself. This module writes the same wire format directly: each attribute is a few list appends
+of bytes precomputed per key, per string size and per KeyValue length (see `_attributes`), each
+span one join, and the request one more. Its output is byte-identical to
 ``encode_spans(spans).SerializePartialToString()`` of the installed SDK (opentelemetry-proto
 field numbers, fields in ascending number order, proto3 defaults omitted, oneof members always
 written), which the tests prove over generated spans.
@@ -84,35 +85,42 @@ class UnsupportedValue(Exception):
 _TRUE = b"\x10\x01"
 _FALSE = b"\x10\x00"
 
+_Parts = list[bytes | bytearray]
+"""Pieces of a message, joined once (`bytes.join` takes bytearrays too)."""
+
 _KEY_CACHE_LIMIT = 8192
+"""Keys remembered per field tag; the cache is emptied when full (a span with unbounded
+distinct keys costs CPU, never memory)."""
 
 
 class _Key:
-    """What every attribute with this key starts with, computed once per key.
+    """What every attribute with this key starts with, computed once per key and field tag.
 
     `head` is KeyValue.key (field 1, absent for "") followed by the tag of KeyValue.value
-    (field 2); `double` is everything after the outer tag up to a double's 8 bytes: the
-    KeyValue's length, `head`, the AnyValue's length (9) and the double_value tag.
+    (field 2); `size` is its length. `float_head` is a whole double attribute up to its 8
+    bytes: the field `tag`, the KeyValue's length, `head`, the AnyValue's length (9) and the
+    double_value tag.
     """
 
-    __slots__ = ("double", "head", "size")
+    __slots__ = ("float_head", "head", "size")
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, tag: bytes) -> None:
         if type(key) is not str:
             raise UnsupportedValue(f"attribute key of type {type(key).__name__}")
         raw = key.encode("utf-8")
         self.head = (b"\x0a" + _varint(len(raw)) + raw if raw else b"") + b"\x12"
         self.size = len(self.head)
-        self.double = _varint(self.size + 10) + self.head + b"\x09\x21"
+        self.float_head = tag + _varint(self.size + 10) + self.head + b"\x09\x21"
 
 
-_key_cache: dict[str, _Key] = {}
+# One key cache per field tag (span, event, link, resource, scope attributes).
+_key_caches: dict[bytes, dict[str, _Key]] = {}
 
 
-def _key(key: str) -> _Key:
-    if len(_key_cache) >= _KEY_CACHE_LIMIT:
-        _key_cache.clear()
-    entry = _key_cache[key] = _Key(key)
+def _key(cache: dict[str, _Key], key: str, tag: bytes) -> _Key:
+    if len(cache) >= _KEY_CACHE_LIMIT:
+        cache.clear()
+    entry = cache[key] = _Key(key, tag)
     return entry
 
 
@@ -130,6 +138,28 @@ _STRING_MIDS: list[bytes] = [
     _varint(len(_STRING_HEADS[size]) + size) + _STRING_HEADS[size] for size in range(_MID_LIMIT)
 ]
 _STRING_EXTRAS: list[int] = [len(_STRING_MIDS[size]) + size for size in range(_MID_LIMIT)]
+
+_TAGGED_LIMIT = _MID_LIMIT + 256
+"""KeyValue lengths whose field tag + length varint is precomputed per tag: a string under
+`_MID_LIMIT` bytes under a key of up to ~250 bytes."""
+
+_tagged_varints: dict[bytes, list[bytes]] = {}
+
+_INT_TABLE = 1024
+"""Non-negative ints whose KeyValue.value (AnyValue length, int_value tag, varint) is
+precomputed: our spans' counts (documents, top_k, requests, retries, batches)."""
+_INT_VALUES: list[bytes] = [
+    _varint(1 + len(_VARINTS[n])) + b"\x18" + _VARINTS[n] for n in range(_INT_TABLE)
+]
+_BOOL_VALUES = {True: b"\x02" + _TRUE, False: b"\x02" + _FALSE}
+
+
+def _tagged(tag: bytes) -> list[bytes]:
+    """`tag` followed by the varint of n, for every n below `_TAGGED_LIMIT` (built once)."""
+    table = _tagged_varints.get(tag)
+    if table is None:
+        table = _tagged_varints[tag] = [tag + v for v in _VARINTS[:_TAGGED_LIMIT]]
+    return table
 
 
 def _any_value(value: Any) -> bytes:
@@ -184,63 +214,111 @@ def _any_value_slow(value: Any) -> bytes:
     raise UnsupportedValue(f"attribute value of type {type(value).__name__}")
 
 
-def _attributes(out: bytearray, tag: bytes, attributes: Mapping[str, Any] | None) -> None:
-    """Append each attribute as a KeyValue field `tag`, in the mapping's order."""
+def _attribute(parts: _Parts, tag: bytes, entry: _Key, value: Any) -> None:
+    """Append one KeyValue field `tag` of any value type: the general path."""
+    body = _any_value(value)
+    body_len = _varint(len(body))
+    parts.append(tag + _varint(entry.size + len(body_len) + len(body)) + entry.head + body_len)
+    parts.append(body)
+
+
+_LAYOUTS_PER_TAG = 8
+"""Key sequences remembered per field tag, with their cache entries in order."""
+
+_layouts: dict[bytes, list[tuple[list[str], list[_Key]]]] = {}
+
+
+def _entries(tag: bytes, keys: list[str]) -> list[_Key]:
+    """The cache entries for `keys`, in order.
+
+    The last few key sequences per tag are remembered with their entries: a RERANKER span's
+    ~320 keys are the same objects from one span to the next (the stage keeps key tables),
+    so one list comparison, mostly identity checks, replaces a dict lookup per attribute.
+    """
+    layouts = _layouts.get(tag)
+    if layouts is None:
+        layouts = _layouts[tag] = []
+    for known, entries in layouts:
+        if known == keys:
+            return entries
+    cache = _key_caches.get(tag)
+    if cache is None:
+        cache = _key_caches[tag] = {}
+    entries = []
+    for key in keys:
+        entry = cache.get(key)
+        if entry is None:
+            entry = _key(cache, key, tag)
+        entries.append(entry)
+    if len(layouts) >= _LAYOUTS_PER_TAG:
+        del layouts[0]
+    layouts.append((keys, entries))
+    return entries
+
+
+def _attributes(parts: _Parts, tag: bytes, attributes: Mapping[str, Any] | None) -> None:
+    """Append each attribute as a KeyValue field `tag`, in the mapping's order.
+
+    The loop below is the hot path of a RERANKER span (~320 attributes, nearly all str or
+    float, a few small ints and bools): per attribute one type check and list appends of bytes
+    that are precomputed per key, per value size and per KeyValue length, all joined once by
+    the caller; other values go through `_attribute`. A string or
+    key too long for those tables raises IndexError there; the mapping is then written again
+    by the general path, which computes every length.
+    """
     if not attributes:
         return
     try:
         # BoundedAttributes (also behind a MappingProxyType) copies its dict in C: far cheaper
-        # than iterating the Mapping mixin's items() in Python.
-        items = attributes.copy().items()  # type: ignore[attr-defined]
+        # than iterating the Mapping mixin in Python.
+        copied: Mapping[str, Any] = attributes.copy()  # type: ignore[attr-defined]
     except AttributeError:
-        items = attributes.items()
-    key_cache = _key_cache
-    varints = _VARINTS
-    heads = _STRING_HEADS
+        copied = dict(attributes)
+    entries = _entries(tag, list(copied))
+    values = copied.values()
+    start = len(parts)
+    tagged = _tagged(tag)
     mids = _STRING_MIDS
     extras = _STRING_EXTRAS
-    mid_limit = _MID_LIMIT
-    limit = _SMALL_VARINT_LIMIT
     double = _DOUBLE
-    for key, value in items:
-        entry = key_cache.get(key)
-        if entry is None:
-            entry = _key(key)
-        kind = type(value)
-        if kind is str:
-            raw = value.encode("utf-8")
-            size = len(raw)
-            if size < mid_limit:
-                kv_len = entry.size + extras[size]
-                out += tag
-                out += varints[kv_len] if kv_len < limit else _varint(kv_len)
-                out += entry.head
-                out += mids[size]
-                out += raw
-                continue
-            string_head = heads[size] if size < limit else b"\x0a" + _varint(size)
-            value_len = len(string_head) + size
-            value_len_varint = varints[value_len] if value_len < limit else _varint(value_len)
-            kv_len = entry.size + len(value_len_varint) + value_len
-            out += tag
-            out += varints[kv_len] if kv_len < limit else _varint(kv_len)
-            out += entry.head
-            out += value_len_varint
-            out += string_head
-            out += raw
-        elif kind is float:
-            out += tag
-            out += entry.double
-            out += double(value)
-        else:
-            body = _any_value(value)
-            body_len_varint = _varint(len(body))
-            kv_len = entry.size + len(body_len_varint) + len(body)
-            out += tag
-            out += _varint(kv_len)
-            out += entry.head
-            out += body_len_varint
-            out += body
+    bools = _BOOL_VALUES
+    ints = _INT_VALUES
+    int_table = _INT_TABLE
+    try:
+        for entry, value in zip(entries, values, strict=True):
+            # Direct parts.append calls (not a bound method) use CPython's list-append fast path.
+            kind = type(value)
+            if kind is str:
+                raw = value.encode()  # UTF-8, strict: a lone surrogate raises (SDK fallback)
+                size = len(raw)
+                parts.append(tagged[entry.size + extras[size]])
+                parts.append(entry.head)
+                parts.append(mids[size])
+                parts.append(raw)
+            elif kind is float:
+                parts.append(entry.float_head)
+                parts.append(double(value))
+            elif kind is bool:
+                parts.append(tagged[entry.size + 3])
+                parts.append(entry.head)
+                parts.append(bools[value])
+            elif kind is int and 0 <= value < int_table:
+                body = ints[value]
+                parts.append(tagged[entry.size + len(body)])
+                parts.append(entry.head)
+                parts.append(body)
+            else:
+                _attribute(parts, tag, entry, value)
+    except IndexError:  # a string of _MID_LIMIT bytes or more, or a very long key
+        del parts[start:]
+        for entry, value in zip(entries, values, strict=True):
+            _attribute(parts, tag, entry, value)
+
+
+def _attributes_bytes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
+    parts: _Parts = []
+    _attributes(parts, tag, attributes)
+    return b"".join(parts)
 
 
 def _string_field(out: bytearray, tag: bytes, value: str | None) -> None:
@@ -265,7 +343,7 @@ def _message_field(out: bytearray, tag: bytes, body: bytes | bytearray) -> None:
     out += body
 
 
-def _span(span: ReadableSpan) -> bytearray:
+def _span(span: ReadableSpan) -> bytes:
     """The body of one Span message (trace.proto), fields in ascending number order."""
     out = bytearray()
     context = span.get_span_context()
@@ -292,7 +370,10 @@ def _span(span: ReadableSpan) -> bytearray:
     if end:
         out += b"\x41"
         out += _FIXED64(end)
-    _attributes(out, b"\x4a", span.attributes)
+    parts: _Parts = [out]
+    _attributes(parts, b"\x4a", span.attributes)
+    out = bytearray()
+    parts.append(out)
     _uint32_field(out, b"\x50", span.dropped_attributes)
     for event in span.events:
         _message_field(out, b"\x5a", _event(event))
@@ -311,7 +392,7 @@ def _span(span: ReadableSpan) -> bytearray:
         _message_field(out, b"\x7a", body)
     out += b"\x85\x01"
     out += _FLAGS_REMOTE if parent and parent.is_remote else _FLAGS_LOCAL
-    return out
+    return b"".join(parts)
 
 
 def _event(event: Any) -> bytearray:
@@ -322,7 +403,7 @@ def _event(event: Any) -> bytearray:
         out += b"\x09"
         out += _FIXED64(timestamp)
     _string_field(out, b"\x12", event.name)
-    _attributes(out, b"\x1a", event.attributes)
+    out += _attributes_bytes(b"\x1a", event.attributes)
     _uint32_field(out, b"\x20", event.dropped_attributes)
     return out
 
@@ -335,7 +416,7 @@ def _link(link: Any) -> bytearray:
     out += context.trace_id.to_bytes(16, "big")
     out += b"\x12\x08"
     out += context.span_id.to_bytes(8, "big")
-    _attributes(out, b"\x22", link.attributes)
+    out += _attributes_bytes(b"\x22", link.attributes)
     _uint32_field(out, b"\x28", link.dropped_attributes)
     out += b"\x35"
     out += _FLAGS_REMOTE if context and context.is_remote else _FLAGS_LOCAL
@@ -362,7 +443,7 @@ def _cached(cache: dict[int, tuple[Any, bytes]], obj: Any, encode: Any) -> bytes
 def _resource_fields(resource: Any) -> bytes:
     """ResourceSpans field 1 (the Resource, always present) plus field 3 (its schema_url)."""
     body = bytearray()
-    _attributes(body, b"\x0a", resource.attributes)
+    body += _attributes_bytes(b"\x0a", resource.attributes)
     out = bytearray()
     _message_field(out, b"\x0a", body)
     return bytes(out)
@@ -374,10 +455,37 @@ def _scope_field(scope: Any) -> bytes:
     if scope is not None:
         _string_field(body, b"\x0a", scope.name)
         _string_field(body, b"\x12", scope.version)
-        _attributes(body, b"\x1a", scope.attributes)
+        body += _attributes_bytes(b"\x1a", scope.attributes)
     out = bytearray()
     _message_field(out, b"\x0a", body)
     return bytes(out)
+
+
+_hash_cache: dict[int, tuple[Any, int]] = {}
+
+
+class _Grouping:
+    """A resource or scope as a dict key: the SDK's equality, with the object's hash computed
+    once per object across batches (`Resource.__hash__` dumps its attributes as JSON)."""
+
+    __slots__ = ("hashed", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        hit = _hash_cache.get(id(value))
+        if hit is not None and hit[0] is value:
+            self.hashed = hit[1]
+        else:
+            self.hashed = hash(value)
+            if len(_hash_cache) >= _CACHE_LIMIT:
+                _hash_cache.clear()
+            _hash_cache[id(value)] = (value, self.hashed)
+
+    def __hash__(self) -> int:
+        return self.hashed
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Grouping and bool(self.value == other.value)
 
 
 def encode_spans_fast(spans: Sequence[ReadableSpan]) -> bytes:
@@ -386,21 +494,22 @@ def encode_spans_fast(spans: Sequence[ReadableSpan]) -> bytes:
     Spans are grouped by resource, then by instrumentation scope, by equality and in order of
     first appearance, exactly as the SDK's `_encode_resource_spans` groups them.
     """
-    # Equality classes found once per distinct object (Resource.__hash__ dumps JSON).
+    # Equality classes found once per distinct object, first appearance in this batch winning.
     canonical: dict[int, Any] = {}
-    by_value: dict[Any, Any] = {}
-    groups: dict[int, dict[int, list[bytearray]]] = {}
+    resource_classes: dict[_Grouping, Any] = {}
+    scope_classes: dict[_Grouping, Any] = {}
+    groups: dict[int, dict[int, list[bytes]]] = {}
     keys: dict[int, Any] = {}
     for span in spans:
         resource = span.resource
         scope = span.instrumentation_scope or None
         resource_key = canonical.get(id(resource))
         if resource_key is None:
-            resource_key = by_value.setdefault(("r", resource), resource)
+            resource_key = resource_classes.setdefault(_Grouping(resource), resource)
             canonical[id(resource)] = resource_key
         scope_key = canonical.get(id(scope))
         if scope_key is None:
-            scope_key = by_value.setdefault(("s", scope), scope)
+            scope_key = scope_classes.setdefault(_Grouping(scope), scope)
             canonical[id(scope)] = scope_key
         keys[id(resource_key)] = resource_key
         keys[id(scope_key)] = scope_key

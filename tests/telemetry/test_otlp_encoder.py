@@ -287,6 +287,24 @@ def test_equal_resources_from_different_providers_are_grouped_as_the_sdk_groups_
     assert len(decoded.resource_spans) == 1
 
 
+def test_equal_resources_in_either_order_are_grouped_under_the_batchs_first() -> None:
+    """Equal resources whose attributes were set in another order encode differently; the
+    SDK keeps the first one of each batch, whatever earlier batches saw first."""
+    exporter = InMemorySpanExporter()
+    for attributes in ({"a": "1", "b": "2"}, {"b": "2", "a": "1"}):
+        provider = TracerProvider(resource=Resource(attributes))
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        provider.get_tracer("t").start_span("s").end()
+    first, second = exporter.get_finished_spans()
+    assert first.resource == second.resource
+    for batch in ([first, second], [second, first], [first, second]):
+        decoded = ExportTraceServiceRequest.FromString(assert_identical(batch))
+        (resource_spans,) = decoded.resource_spans
+        assert [a.key for a in resource_spans.resource.attributes] == list(
+            batch[0].resource.attributes
+        )
+
+
 def test_repeated_batches_reuse_cached_resource_and_scope_bytes_correctly() -> None:
     provider, exporter = service_provider()
     tracer = provider.get_tracer("t", "1")
@@ -348,6 +366,109 @@ def test_an_exception_inside_the_fast_encoder_falls_back_to_the_sdk(
 
     monkeypatch.setattr(otlp_encoder, "_span", broken)
     assert serialize_spans(spans) == sdk_serialize_spans(spans)
+
+
+# -- the attribute paths: size tables, the general path, remembered layouts, per-tag keys ------
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 4095, 4096, 16383, 16384, 20_000])
+def test_strings_on_both_sides_of_every_size_table_encode_byte_identical(size: int) -> None:
+    """Under 4096 bytes a string takes the precomputed framing; from 4096 on (and lengths
+    whose varints grow: 128, 16384) the whole mapping is written by the general path."""
+    spans = one_span(
+        {
+            "before": 1.5,
+            "ascii": "a" * size,
+            "é": "é" * (size // 2),  # two UTF-8 bytes per character
+            "": "\U0001f600" * (size // 4),
+            "after": "x",
+            "n": 7,
+        }
+    )
+    assert_identical(spans)
+
+
+@pytest.mark.parametrize(
+    "value", [0, 1, 127, 128, 1023, 1024, 16383, 16384, 2**63 - 1, -1, -(2**63), True, False]
+)
+def test_ints_and_bools_either_side_of_the_int_table_encode_byte_identical(value: int) -> None:
+    assert_identical(one_span({"before": "x", "n": value, "m": value, "after": 0.5}))
+
+
+def test_a_key_too_long_for_the_length_table_takes_the_general_path() -> None:
+    key = "k" * 400  # with a 4000-byte string the KeyValue is longer than the tag table
+    assert_identical(one_span({"first": "v", key: "v" * 4000, "f": 2.5, "last": "w" * 4000}))
+
+
+def test_spans_sharing_a_key_sequence_with_other_values_and_types_encode_identically() -> None:
+    keys = [
+        f"reranker.input_documents.{i}.document.{field}"
+        for i in range(4)
+        for field in ("id", "content", "score")
+    ]
+    value_sets: list[list[Any]] = [
+        [f"doc-{i}" if i % 3 != 2 else i / 7 for i in range(12)],
+        [f"é{i}" * i if i % 3 != 2 else float(i) for i in range(12)],
+        list(range(12)),
+        [True, 1, 1.0, "1", [1, 2], ["a"], [True], [0.5], "", -1, 2**40, "x" * 5000],
+        [f"doc-{i}" if i % 3 != 2 else i / 7 for i in range(12)],
+    ]
+    provider, exporter = recorded()
+    tracer = provider.get_tracer("t")
+    for values in value_sets:
+        tracer.start_span("s", attributes=dict(zip(keys, values, strict=True))).end()
+    spans = exporter.get_finished_spans()
+    for span in spans:
+        assert_identical([span])
+    assert_identical(spans)
+
+
+def test_key_sequences_of_one_length_that_differ_are_not_confused() -> None:
+    first = one_span({"a": 1.0, "b": "x", "c": 2.0})
+    second = one_span({"a": 1.0, "b": "x", "d": 2.0})
+    assert_identical(first)
+    assert_identical(second)
+    assert_identical(first)
+
+
+def test_more_key_sequences_than_remembered_layouts_encode_identically(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(otlp_encoder, "_layouts", {})
+    remembered = otlp_encoder._LAYOUTS_PER_TAG
+    for _ in range(2):
+        for n in range(remembered + 3):
+            attributes: dict[str, Any] = {f"k{n}.{i}": float(i) for i in range(n + 1)}
+            attributes["shared"] = f"v{n}"
+            assert_identical(one_span(attributes))
+    assert all(len(known) <= remembered for known in otlp_encoder._layouts.values())
+
+
+def test_one_key_under_every_attribute_field_encodes_identically() -> None:
+    """Resource, scope, span, event and link attributes each have their own field tag, which
+    the per-key cached heads include."""
+    attributes = {"k": 1.5, "s": "v", "i": 3}
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(resource=Resource(attributes))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("t", attributes=attributes)
+    link = Link(SpanContext(1, 2, False, TraceFlags(1)), attributes)
+    span = tracer.start_span("s", attributes=attributes, links=[link])
+    span.add_event("e", attributes)
+    span.end()
+    assert_identical(exporter.get_finished_spans())
+
+
+class Text(str):
+    """A str subclass: a valid attribute value the fast loop leaves to the general path."""
+
+
+class Number(float):
+    """A float subclass (numpy.float64 is one)."""
+
+
+def test_str_and_float_subclasses_encode_byte_identical() -> None:
+    assert_identical(one_span({"s": Text("sub é"), "f": Number(0.25), "plain": "x", "g": 0.5}))
 
 
 # -- the exporter, over real HTTP --------------------------------------------------------------
@@ -548,9 +669,13 @@ def test_output_stays_identical_when_the_key_cache_overflows(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(otlp_encoder, "_KEY_CACHE_LIMIT", 3)
+    monkeypatch.setattr(otlp_encoder, "_key_caches", {})
+    monkeypatch.setattr(otlp_encoder, "_layouts", {})
     spans = one_span({f"k{i}": (1.5 if i % 2 else "v") for i in range(10)})
     assert_identical(spans)
-    assert len(otlp_encoder._key_cache) <= 3
+    assert_identical(spans)  # again, with the keys the overflow left in the cache
+    (cache,) = otlp_encoder._key_caches.values()
+    assert 0 < len(cache) <= 3
 
 
 def test_configure_tracing_with_the_fast_exporter_delivers_the_reranker_span(
