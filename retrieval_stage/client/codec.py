@@ -23,22 +23,12 @@ does everything, with the same results.
 from __future__ import annotations
 
 import json
-from types import ModuleType
 from typing import Any
+
+from .._orjson import ORJSON
 
 __all__ = ["LONG_DIGITS", "ORJSON", "dumps", "dumps_stdlib", "loads", "loads_stdlib"]
 
-
-def _orjson() -> ModuleType | None:
-    try:
-        import orjson
-    except ImportError:  # pragma: no cover - an interpreter orjson has no wheel for (PyPy)
-        return None
-    return orjson
-
-
-ORJSON = _orjson()
-"""orjson, or None where it is not installed (the standard library then does it all)."""
 
 LONG_DIGITS = 19
 """Digits in a row from which a number may be an integer orjson reads as a float (below

@@ -12,9 +12,9 @@ import math
 from collections.abc import Mapping, Sequence
 from json.encoder import encode_basestring as _quote  # json.dumps's own, for a str
 from operator import attrgetter
-from types import ModuleType
 from typing import Any
 
+from .._orjson import ORJSON as _ORJSON
 from ..models import Reranked
 
 __all__ = [
@@ -83,15 +83,6 @@ def capped(text: str, max_bytes: int) -> str:
     return cap_content(text, max_bytes)
 
 
-def _orjson() -> ModuleType | None:
-    try:
-        import orjson
-    except ImportError:  # pragma: no cover - an interpreter orjson has no wheel for (PyPy)
-        return None
-    return orjson
-
-
-_ORJSON = _orjson()
 _PLAIN_LOW = 1e-4
 """From here up to `_PLAIN_HIGH` (and at 0) ``repr`` writes a float without an exponent."""
 _PLAIN_HIGH = 1e16
