@@ -107,6 +107,25 @@ def float_reprs(values: list[float]) -> list[str]:
     return texts
 
 
+def _orjson_output(ids: list[str], scores: list[float]) -> str | None:
+    """``output.value`` written whole by orjson, or None where its text could differ from
+    ``json.dumps``'s: every id printable ASCII with no quote or backslash (nothing to
+    escape, so both write it as it is), every score finite and 0 or of a magnitude where
+    orjson's shortest digits are ``repr``'s (`float_reprs`). A third of the cost of building
+    the entries one by one, for the ids and scores every successful call has."""
+    if _ORJSON is None:
+        return None
+    joined = "".join(ids)
+    if not (joined.isascii() and joined.isprintable()) or '"' in joined or "\\" in joined:
+        return None
+    sizes = [size for size in map(abs, scores) if size]
+    if sizes and (min(sizes) < _PLAIN_LOW or max(sizes) >= _PLAIN_HIGH):
+        return None
+    documents = [{"id": i, "score": score} for i, score in zip(ids, scores, strict=True)]
+    text: str = _ORJSON.dumps({"documents": documents}).decode()
+    return text
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=_COMPACT)
 
@@ -133,6 +152,11 @@ def output_value(outputs: Sequence[Reranked], *, fell_back: bool, max_bytes: int
         head = '{"documents":['
         scores: list[Any] = [r.score for r in outputs]
         if set(map(type, scores)) <= _FLOAT and all(map(math.isfinite, scores)):
+            whole = _orjson_output(ids, scores)
+            if whole is not None:
+                text = whole
+                if len(text) <= max_bytes // 4 or len(text.encode("utf-8")) <= max_bytes:
+                    return text
             bodies = list(
                 map(str.__add__, map(_quote, ids), map(_SCORE_KEY.__add__, float_reprs(scores)))
             )

@@ -159,6 +159,35 @@ def test_output_value_is_what_json_dumps_writes(
     assert output_value(outputs, fell_back=fell_back, max_bytes=max_bytes) == written
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    ids=st.lists(
+        st.one_of(
+            st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=6),
+            st.sampled_from(['a"b', "a\\b", "a\nb", "\x00", "\x7f", "é"]),
+        ),
+        max_size=6,
+    ),
+    scores=st.lists(
+        st.one_of(
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.sampled_from([0.0, -0.0, 1e-4, -1e-4, 9.99e-5, 1e16, 9.99e15, -1e16, 5e-324]),
+        ),
+        min_size=6,
+        max_size=6,
+    ),
+)
+def test_output_value_written_whole_by_orjson_is_what_json_dumps_writes(
+    ids: list[str], scores: list[float]
+) -> None:
+    """ASCII ids (quotes, backslashes and control characters included) and finite scores of
+    every magnitude: where orjson writes the whole value, and where it must not."""
+    outputs = [Reranked(Candidate(cid, "t"), scores[i], i) for i, cid in enumerate(ids)]
+    expected = {"documents": [{"id": r.candidate.id, "score": r.score} for r in outputs]}
+    written = json.dumps(expected, ensure_ascii=False, separators=(",", ":"))
+    assert output_value(outputs, fell_back=False, max_bytes=100_000) == written
+
+
 class Boom:
     """A reranker whose failure is not a RerankError: it escapes the stage."""
 
