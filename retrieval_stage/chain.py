@@ -56,7 +56,7 @@ from .errors import (
     TierFailure,
 )
 from .metrics import ChainMetrics
-from .models import Candidate, RerankResponse
+from .models import Candidate, ClientResponse, RerankResponse
 from .spans.keys import ATTR_PROVIDER, ATTR_TIER
 from .stage import map_results
 
@@ -303,7 +303,9 @@ class _ChainCore:
             requests=call.requests + response.requests,
             retries=call.retries + response.retries,
             batches=call.batches + response.batches,
-            indices=getattr(response, "indices", None),  # positions in call.items, as given
+            # Positions in call.items (the caller's own order): passed on only from our own
+            # clients, whose every index was checked; another tier's claim is not vouched for.
+            indices=response.indices if type(response) is ClientResponse else None,
         )
 
     def _exhausted(self, call: _Call[Any]) -> RerankChainError:

@@ -152,3 +152,13 @@ def test_the_stage_takes_candidate_subclasses_and_names_anything_else() -> None:
     wrong = r"candidate 1 must be a retrieval_stage\.Candidate, got str"
     with pytest.raises(TypeError, match=wrong):
         stage.run("q", [Candidate("a", "x"), "b"])  # type: ignore[list-item]
+
+
+def test_a_chain_passes_on_only_indices_our_clients_checked() -> None:
+    from retrieval_stage import AsyncRerankerChain
+
+    cands = [Candidate(n, n, score=s) for n, s in (("a", 0.3), ("b", 0.2), ("c", 0.1))]
+    chain = AsyncRerankerChain([_Lying()])
+    response = asyncio.run(chain.rerank_response("q", cands, text=lambda c: c.text))
+    assert [item.id for item, _ in response.results] == ["b", "a", "c"]
+    assert response.indices is None  # the tier's claim ([2, 1, 0]) was wrong, and not passed on
