@@ -19,7 +19,7 @@ from opentelemetry import metrics
 
 from ._version import __version__
 from .spans.keys import ATTR_PROVIDER, ATTR_TIER
-from .spans.otel_private import metrics_configured
+from .spans.otel_private import global_meter_provider, metrics_configured
 
 if TYPE_CHECKING:
     from .quality import RerankQuality
@@ -92,6 +92,9 @@ class RerankMetrics:
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
         self._meter_provider = meter_provider
+        self._given_enabled = meter_provider is not None and metrics_configured(meter_provider)
+        self._global_seen: metrics.MeterProvider | None = None
+        self._global_enabled = False
         # The API's own lookup: `meter_provider`, else the global one (a proxy until set).
         meter = metrics.get_meter(METER_NAME, __version__, meter_provider)
         self._duration = meter.create_histogram(
@@ -161,8 +164,19 @@ class RerankMetrics:
     @property
     def enabled(self) -> bool:
         """True when recorded points can reach a reader (a real MeterProvider is configured,
-        given or global); the stage computes the quality signals only then, or for a span."""
-        return metrics_configured(self._meter_provider)
+        given or global); the stage computes the quality signals only then, or for a span.
+
+        Asked once per call, so it is kept cheap: a given provider's answer is worked out
+        once, the global one's once per provider set (it can be set only once)."""
+        if self._meter_provider is not None:
+            return self._given_enabled
+        provider = global_meter_provider()
+        if provider is None:
+            return False
+        if provider is not self._global_seen:
+            self._global_enabled = metrics_configured(provider)
+            self._global_seen = provider
+        return self._global_enabled
 
     def record(
         self,

@@ -338,9 +338,9 @@ class RerankStage:
         if self.min_score is not None:
             mapped = [(i, s) for i, s in mapped if s >= self.min_score]
         outputs = reranked_outputs(cands, mapped)
-        recording = span.is_recording
         metered = self._metrics.enabled
-        if not (recording or metered):  # sampled out, no metrics: nothing reads what follows
+        # Sampled out, no metrics: nothing reads what follows.
+        if not (span.is_recording or metered):
             return StageOutcome(outputs, None)
         recall = recall_order(cands)
         top1_changed = bool(outputs) and outputs[0].input_index != recall[0]

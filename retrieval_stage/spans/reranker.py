@@ -365,9 +365,18 @@ class RerankerSpan:
                 )
                 stats[SpanAttributes.OUTPUT_MIME_TYPE] = _JSON
             elif outputs is not None:
+                kept = outputs
+
+                def build() -> str:
+                    return output_value(
+                        kept, fell_back=fell_back, max_bytes=writer.max_content_length
+                    )
+
+                # OpenInference's own `mask` takes a callable and calls it only for a value it
+                # keeps (hidden outputs are replaced whole), so a span hiding its outputs does
+                # not build a value to drop; a subclass's `mask` gets the value, as always.
                 value = config.mask(
-                    SpanAttributes.OUTPUT_VALUE,
-                    output_value(outputs, fell_back=fell_back, max_bytes=writer.max_content_length),
+                    SpanAttributes.OUTPUT_VALUE, build if type(config) is TraceConfig else build()
                 )
                 if value is not None:
                     stats[SpanAttributes.OUTPUT_VALUE] = value

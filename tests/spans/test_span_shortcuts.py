@@ -441,6 +441,27 @@ def test_a_span_unmasked_by_the_shortcut_is_the_masked_one(
     assert ours == plain
 
 
+@pytest.mark.parametrize("hide_outputs", [False, True], ids=["shown", "hidden"])
+def test_hidden_outputs_are_never_built(
+    hide_outputs: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenInference's own config is given the output value as a callable, which it calls only
+    for a value it keeps: a span hiding its outputs builds none (it cost ~12% of such a call)."""
+    import retrieval_stage.spans.reranker as reranker
+
+    built: list[int] = []
+
+    def counting(outputs: Sequence[Reranked], **kwargs: Any) -> str:
+        built.append(len(outputs))
+        return output_value(outputs, **kwargs)
+
+    monkeypatch.setattr(reranker, "output_value", counting)
+    (attributes,) = stage_spans(config(False, hide_outputs))
+    value = dict(attributes)[SpanAttributes.OUTPUT_VALUE]
+    assert built == ([] if hide_outputs else [5])
+    assert (value == "__REDACTED__") is hide_outputs
+
+
 def test_a_subclass_masks_through_its_own_mask() -> None:
     (attributes,) = stage_spans(Redacting())
     assert dict(attributes)[RerankerAttributes.RERANKER_QUERY] == "<redacted>"
