@@ -117,12 +117,24 @@ lint: $(TEST_STAMP)
 # Tests run in file order (-p no:randomly): a run CI can repeat. pytest-randomly is installed
 # for shuffled runs: $(BIN)/python -m pytest -p randomly. -rs lists every skip with its reason.
 # The framework adapters' tests also run in .venv-frameworks (LlamaIndex, LangChain, Haystack and
-# their instrumentors; tests/integrations/setup.sh) when it exists; in .venv they skip.
+# their instrumentors; tests/integrations/setup.sh) when it exists; in .venv they skip. They run
+# alongside the main suite (which mostly waits on its servers), their output kept and shown
+# after it, and either run failing fails the target.
 test: lint
-	$(BIN)/python -m pytest -q -rs -p no:randomly
-	@if [ -x $(FRAMEWORKS)/python ]; then \
-		echo "$(FRAMEWORKS)/python -m pytest -q -p no:randomly tests/integrations"; \
-		$(FRAMEWORKS)/python -m pytest -q -p no:randomly tests/integrations; \
+	@frameworks=""; log=""; \
+	if [ -x $(FRAMEWORKS)/python ]; then \
+		log=$$(mktemp); \
+		echo "$(FRAMEWORKS)/python -m pytest -q -p no:randomly tests/integrations (alongside; its output follows the main run's)"; \
+		$(FRAMEWORKS)/python -m pytest -q -p no:randomly tests/integrations >"$$log" 2>&1 & frameworks=$$!; \
 	else \
 		echo "test: no .venv-frameworks (tests/integrations/setup.sh): framework tests skipped"; \
-	fi
+	fi; \
+	echo "$(BIN)/python -m pytest -q -rs -p no:randomly"; \
+	$(BIN)/python -m pytest -q -rs -p no:randomly; status=$$?; \
+	if [ -n "$$frameworks" ]; then \
+		wait "$$frameworks"; fstatus=$$?; \
+		echo "$(FRAMEWORKS)/python -m pytest -q -p no:randomly tests/integrations:"; \
+		cat "$$log"; rm -f "$$log"; \
+		[ "$$status" -ne 0 ] || status=$$fstatus; \
+	fi; \
+	exit $$status

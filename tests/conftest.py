@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 # One real Arize Phoenix per session for every test asking for `phoenix` (tests/phoenix_server.py).
-from .phoenix_server import phoenix  # noqa: F401
+from .phoenix_server import phoenix, start_early, stop_early  # noqa: F401
 
 # Tests never reach the internet: no Hugging Face hub look-ups, not even a DNS query.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -222,6 +222,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return config.stash[_PLAN_KEY].header()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The run's tests are known: start the servers they need that take long to start."""
+    if not session.config.option.collectonly:
+        start_early(session.items)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    stop_early()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -3,8 +3,9 @@
 The ``arize-phoenix`` package lives in its own venv, ``.venv-phoenix`` at the repository root
 (tests/phoenix/setup.sh installs it; a symlink to another checkout's works too). `phoenix`, the
 session fixture (made available to every test by tests/conftest.py), starts ``phoenix serve``
-from there on loopback with its own SQLite working directory, telemetry and every outbound
-fetch off, waits for ``/healthz``, and stops it when the session ends. The suite's Phoenix tests
+from there (as soon as collection shows a test that uses it: `start_early`) on loopback with
+its own SQLite working directory, telemetry and every outbound fetch off, waits for
+``/healthz``, and stops it when the session ends. The suite's Phoenix tests
 (tests/servers, tests/server) and the framework tests' (tests/integrations, run from
 ``.venv-frameworks``) share it: each writes to its own project or filters by its own trace id.
 
@@ -24,7 +25,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,9 +37,12 @@ __all__ = [
     "MISSING",
     "PHOENIX",
     "STARTUP_SECONDS",
+    "PhoenixProcess",
     "phoenix",
     "phoenix_env",
     "running_phoenix",
+    "start_early",
+    "stop_early",
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,48 +100,94 @@ def _wait_ready(url: str, exited: Callable[[], str | None]) -> None:
     raise RuntimeError(f"Phoenix at {url} did not answer within {STARTUP_SECONDS:.0f}s")
 
 
+class PhoenixProcess:
+    """One ``phoenix serve`` on loopback with its own working directory: started when made,
+    answering once `ready` returns, gone after `stop` (which is safe to call twice)."""
+
+    def __init__(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="phoenix-test-")
+        tmp = Path(self._tmp.name)
+        self._log_path = tmp / "phoenix.log"
+        http_port, grpc_port = _free_port(), _free_port()
+        self.url = f"http://127.0.0.1:{http_port}"
+        self._log = self._log_path.open("wb")
+        self._proc = subprocess.Popen(
+            [str(PHOENIX), "serve"],
+            env=phoenix_env(tmp, http_port, grpc_port),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp,
+        )
+
+    def _exited(self) -> str | None:
+        if self._proc.poll() is None:
+            return None
+        tail = self._log_path.read_text(errors="replace")[-3000:]
+        return f"exit code {self._proc.returncode}; log tail:\n{tail}"
+
+    def ready(self) -> str:
+        """The base URL, once Phoenix answers ``/healthz``; RuntimeError with the tail of its
+        log when it exits or does not answer within `STARTUP_SECONDS` of this call."""
+        _wait_ready(self.url, self._exited)
+        return self.url
+
+    def stop(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=STOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=STOP_SECONDS)
+        self._log.close()
+        self._tmp.cleanup()
+
+
 @contextmanager
 def running_phoenix() -> Iterator[str]:
     """A Phoenix started for the ``with`` block; its base URL (``http://127.0.0.1:PORT``).
 
     RuntimeError, with the tail of Phoenix's log, when it exits or does not answer in time.
     """
-    with tempfile.TemporaryDirectory(prefix="phoenix-test-") as tmp:
-        log_path = Path(tmp) / "phoenix.log"
-        http_port, grpc_port = _free_port(), _free_port()
-        url = f"http://127.0.0.1:{http_port}"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [str(PHOENIX), "serve"],
-                env=phoenix_env(Path(tmp), http_port, grpc_port),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=tmp,
-            )
+    process = PhoenixProcess()
+    try:
+        yield process.ready()
+    finally:
+        process.stop()
 
-            def exited() -> str | None:
-                if proc.poll() is None:
-                    return None
-                tail = log_path.read_text(errors="replace")[-3000:]
-                return f"exit code {proc.returncode}; log tail:\n{tail}"
 
-            try:
-                _wait_ready(url, exited)
-                yield url
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=STOP_SECONDS)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=STOP_SECONDS)
+_early: list[PhoenixProcess] = []
+"""The session's Phoenix when `start_early` started it (at most one)."""
+
+
+def start_early(items: Sequence[pytest.Item]) -> None:
+    """Start the session's Phoenix as soon as collection shows a test that will use it.
+
+    Phoenix takes 20-30 s to answer (mostly its imports, in its own process), and its first
+    test comes late in the run: started here, that time passes while the tests before it run
+    instead of being waited for (tests/conftest.py calls this once collection is final).
+    """
+    if _early or not PHOENIX.exists():
+        return
+    if any("phoenix" in getattr(item, "fixturenames", ()) for item in items):
+        _early.append(PhoenixProcess())
+
+
+def stop_early() -> None:
+    """Stop a Phoenix `start_early` started (no test may have used it: all were skipped)."""
+    while _early:
+        _early.pop().stop()
 
 
 @pytest.fixture(scope="session")
 def phoenix() -> Iterator[str]:
-    """Base URL of the session's Phoenix, started on first use and stopped at the end."""
+    """Base URL of the session's Phoenix: the one `start_early` started, else one started on
+    first use; stopped at the end."""
     if not PHOENIX.exists():
         pytest.skip(MISSING)
-    with running_phoenix() as url:
-        yield url
+    process = _early.pop() if _early else PhoenixProcess()
+    try:
+        yield process.ready()
+    finally:
+        process.stop()
