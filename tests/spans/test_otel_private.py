@@ -67,9 +67,6 @@ def test_the_sdks_own_exporters_suppress_with_the_same_key() -> None:
 
 
 def test_metrics_count_as_configured_only_with_a_real_meter_provider() -> None:
-    import subprocess
-    import sys
-
     from opentelemetry.metrics import NoOpMeterProvider
     from opentelemetry.sdk.metrics import MeterProvider
 
@@ -85,10 +82,7 @@ def test_metrics_count_as_configured_only_with_a_real_meter_provider() -> None:
         "metrics.set_meter_provider(MeterProvider())\n"
         "print(before, metrics_configured(None))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert done.stdout.split() == ["False", "True"]
+    assert _printed(script) == ["False", "True"]
 
 
 def test_the_global_meter_provider_is_read_from_the_apis_own_slot() -> None:
@@ -97,8 +91,6 @@ def test_the_global_meter_provider_is_read_from_the_apis_own_slot() -> None:
     the lookup `RerankMetrics` makes when built). In fresh processes: this suite's other tests
     may set a global provider."""
     import os
-    import subprocess
-    import sys
 
     script = (
         "from opentelemetry import metrics\n"
@@ -112,6 +104,18 @@ def test_the_global_meter_provider_is_read_from_the_apis_own_slot() -> None:
         "print(*before, global_meter_provider() is provider, built.enabled)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "OTEL_PYTHON_METER_PROVIDER"}
+    assert _printed(script, env) == ["True", "False", "True", "True"]
+    named = "from retrieval_stage.metrics import RerankMetrics\nprint(RerankMetrics().enabled)\n"
+    env["OTEL_PYTHON_METER_PROVIDER"] = "sdk_meter_provider"
+    assert _printed(named, env) == ["True"]
+
+
+def _printed(script: str, env: dict[str, str] | None = None) -> list[str]:
+    """The words `script` prints, run in a fresh interpreter (a global provider can be set
+    only once per process)."""
+    import subprocess
+    import sys
+
     done = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
@@ -120,18 +124,7 @@ def test_the_global_meter_provider_is_read_from_the_apis_own_slot() -> None:
         check=True,
         env=env,
     )
-    assert done.stdout.split() == ["True", "False", "True", "True"]
-    named = "from retrieval_stage.metrics import RerankMetrics\nprint(RerankMetrics().enabled)\n"
-    env["OTEL_PYTHON_METER_PROVIDER"] = "sdk_meter_provider"
-    done = subprocess.run(
-        [sys.executable, "-c", named],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        env=env,
-    )
-    assert done.stdout.split() == ["True"]
+    return done.stdout.split()
 
 
 def test_the_span_dict_is_the_sdks_own() -> None:
