@@ -56,7 +56,7 @@ from .errors import (
     TierFailure,
 )
 from .metrics import ChainMetrics
-from .models import Candidate, ClientResponse, RerankResponse
+from .models import Candidate, RerankResponse, trusted_indices
 from .spans.keys import ATTR_PROVIDER, ATTR_TIER
 from .stage import map_results
 
@@ -303,9 +303,9 @@ class _ChainCore:
             requests=call.requests + response.requests,
             retries=call.retries + response.retries,
             batches=call.batches + response.batches,
-            # Positions in call.items (the caller's own order): passed on only from our own
-            # clients, whose every index was checked; another tier's claim is not vouched for.
-            indices=response.indices if type(response) is ClientResponse else None,
+            # Positions in call.items (the caller's own order): passed on only when provably
+            # so (our own clients' checked indices, naming call.items' own objects).
+            indices=trusted_indices(call.items, response),
         )
 
     def _exhausted(self, call: _Call[Any]) -> RerankChainError:

@@ -166,7 +166,7 @@ class RerankMetrics:
         """True when recorded points can reach a reader (a real MeterProvider is configured,
         given or global); the stage computes the quality signals only then, or for a span.
 
-        Asked once per call, so it is kept cheap: a given provider's answer is worked out
+        Asked on every call, so it is kept cheap: a given provider's answer is worked out
         once, the global one's once per provider set (it can be set only once)."""
         if self._meter_provider is not None:
             return self._given_enabled

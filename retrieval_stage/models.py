@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import is_, itemgetter
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -16,6 +17,7 @@ __all__ = [
     "Usage",
     "recall_order",
     "reranked_outputs",
+    "trusted_indices",
 ]
 
 T = TypeVar("T")
@@ -157,8 +159,9 @@ class RerankResponse(Generic[T]):
 
     `indices`, when the reranker knows them (the HTTP clients do: the APIs answer by index),
     is each result's position in the items it was given, in the order of `results`.
-    `RerankStage` takes them as they are only from a `ClientResponse`; any other response's
-    results are checked one by one against the candidates (`stage.map_results`).
+    `RerankStage` takes them as they are only from a `ClientResponse` whose indices name its
+    own candidates (`trusted_indices`); any other response's results are checked one by one
+    against the candidates (`stage.map_results`).
     """
 
     results: list[tuple[T, float]]
@@ -177,6 +180,33 @@ class ClientResponse(RerankResponse[T]):
     Its `indices` are the server's own answers, each checked before it was used (an int in
     range, once, with a finite float score, as many as expected: `providers.parse_response`)
     and each result's item is ``items[indices[j]]`` of a copy of the items given. So
-    `RerankStage` maps it without checking every result against its candidates again, which
-    it does for any other reranker's answer.
+    `RerankStage` maps it without checking every result against its candidates again, once
+    each index names its own candidate (`trusted_indices`: a wrapper may have given our
+    client other items), which it does for any other reranker's answer.
     """
+
+
+_ITEM = itemgetter(0)
+
+
+def trusted_indices(items: Sequence[Any], response: RerankResponse[Any]) -> list[int] | None:
+    """`response.indices` when they are provably each result's position in `items`, else None.
+
+    Only a `ClientResponse` qualifies: its indices were each checked against the server's
+    reply (an int, in range, once, with a finite float score, as many as expected). But they
+    are positions in the items its client was given, and a reranker wrapping our client may
+    have given it a reordered or filtered copy. So they are taken only where each names the
+    result's own item in `items` (``items[i] is item``, checked at C speed); any other answer
+    is for the caller to check result by result (`stage.map_results`).
+    """
+    indices = response.indices
+    if type(response) is not ClientResponse or indices is None:
+        return None
+    results = response.results
+    if len(indices) != len(results) or (indices and min(indices) < 0):
+        return None
+    try:
+        named = list(map(items.__getitem__, indices))
+    except IndexError:
+        return None
+    return indices if all(map(is_, named, map(_ITEM, results))) else None

@@ -27,11 +27,11 @@ from .errors import RerankError, RerankProtocolError
 from .metrics import RerankMetrics
 from .models import (
     Candidate,
-    ClientResponse,
     Reranked,
     RerankResponse,
     recall_order,
     reranked_outputs,
+    trusted_indices,
 )
 from .quality import RerankQuality, rerank_quality
 from .spans.content import DEFAULT_MAX_CONTENT_BYTES
@@ -81,6 +81,19 @@ def map_results(
 
 _CANDIDATE = frozenset((Candidate,))
 _SCORE = itemgetter(1)
+
+
+def _indexed(
+    candidates: list[Candidate], response: RerankResponse[Candidate]
+) -> list[tuple[int, float]] | None:
+    """(position, score) straight from an answer's checked indices (`models.trusted_indices`),
+    or None: then each result is checked against the candidates (`map_results`). Rebuilding
+    positions from identities was the largest piece of the stage's own work around a
+    sampled-out call (issue 26)."""
+    indices = trusted_indices(candidates, response)
+    if indices is None:
+        return None
+    return list(zip(indices, map(_SCORE, response.results), strict=True))
 
 
 def _mapped_plain(
@@ -319,13 +332,8 @@ class RerankStage:
         started: float,
         top_k: int | None,
     ) -> StageOutcome:
-        if type(response) is ClientResponse and response.indices is not None:
-            # Our HTTP client's answer: each index already checked against the server's reply
-            # (in range, once, finite float, as many as expected) and mapped onto a copy of
-            # `cands`, so `cands[i]` is the result's item; rebuilding that from identities
-            # was the largest piece of the stage's own work around a sampled-out call.
-            mapped = list(zip(response.indices, map(_SCORE, response.results), strict=True))
-        else:
+        mapped = _indexed(cands, response)
+        if mapped is None:
             try:
                 mapped = map_results(cands, response.results, top_k)
             except RerankProtocolError as exc:

@@ -52,6 +52,75 @@ def test_the_stage_labels_by_identity_whatever_the_claim() -> None:
     assert all(r.candidate is cands[r.input_index] for r in out)
 
 
+class _Reversing:
+    """A wrapper that hands our client the candidates reversed: the client's answer is right,
+    but its indices are positions in the reversed list, not in the stage's."""
+
+    model_name = "reversing"
+
+    def __init__(self, client: RerankClient) -> None:
+        self.client = client
+
+    async def rerank_response(
+        self, query: str, items: Sequence[Candidate], *, text: Any = None, top_k: Any = None
+    ) -> RerankResponse[Candidate]:
+        flipped = list(reversed(items))
+        kept, call = self.client._begin(query, flipped, text, top_k)
+        pairs: Pairs = [(0, 0.9), (2, 0.4), (1, 0.1)]  # as a server answers: by index
+        return self.client._finish(kept, call, pairs)
+
+    async def rerank(self, query: str, items: Sequence[Candidate], **kw: Any) -> Any:
+        return (await self.rerank_response(query, items, **kw)).results
+
+
+def test_our_clients_answer_for_the_same_items_is_mapped_from_its_indices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shortcut is taken: an answer our client made for the stage's own candidates never
+    goes through `map_results`."""
+    import retrieval_stage.stage as stage_module
+
+    class Same(_Reversing):
+        async def rerank_response(
+            self, query: str, items: Sequence[Candidate], *, text: Any = None, top_k: Any = None
+        ) -> RerankResponse[Candidate]:
+            kept, call = self.client._begin(query, items, text, top_k)
+            return self.client._finish(kept, call, [(0, 0.9), (2, 0.4), (1, 0.1)])
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("map_results was called")
+
+    monkeypatch.setattr(stage_module, "map_results", refused)
+    cands = [Candidate(n, n, score=s) for n, s in (("a", 0.3), ("b", 0.2), ("c", 0.1))]
+    client = RerankClient("http://127.0.0.1:9")
+    try:
+        out = asyncio.run(RerankStage(Same(client)).arun("q", cands))
+    finally:
+        client.close()
+    assert [(r.candidate.id, r.score, r.input_index) for r in out] == [
+        ("a", 0.9, 0),
+        ("c", 0.4, 2),
+        ("b", 0.1, 1),
+    ]
+
+
+def test_a_client_response_for_other_items_is_labelled_by_identity() -> None:
+    """A `ClientResponse` is trusted only where its indices name the stage's own candidates:
+    one made for a reordered (or filtered) copy is mapped result by result."""
+    cands = [Candidate(n, n, score=s) for n, s in (("a", 0.3), ("b", 0.2), ("c", 0.1))]
+    client = RerankClient("http://127.0.0.1:9")
+    try:
+        out = asyncio.run(RerankStage(_Reversing(client)).arun("q", cands))
+    finally:
+        client.close()
+    assert [(r.candidate.id, r.score, r.input_index) for r in out] == [
+        ("c", 0.9, 2),
+        ("a", 0.4, 0),
+        ("b", 0.1, 1),
+    ]
+    assert all(r.candidate is cands[r.input_index] for r in out)
+
+
 @pytest.fixture(scope="module")
 def client() -> Iterator[RerankClient]:
     """One client for every example: making one (its HTTP pool and TLS context) took 40 ms,
@@ -169,3 +238,17 @@ def test_a_chain_passes_on_only_indices_our_clients_checked() -> None:
     response = asyncio.run(chain.rerank_response("q", cands, text=lambda c: c.text))
     assert [item.id for item, _ in response.results] == ["b", "a", "c"]
     assert response.indices is None  # the tier's claim ([2, 1, 0]) was wrong, and not passed on
+
+
+def test_a_chain_passes_on_no_indices_our_client_made_for_other_items() -> None:
+    from retrieval_stage import AsyncRerankerChain
+
+    cands = [Candidate(n, n, score=s) for n, s in (("a", 0.3), ("b", 0.2), ("c", 0.1))]
+    client = RerankClient("http://127.0.0.1:9")
+    try:
+        chain = AsyncRerankerChain([_Reversing(client)])
+        response = asyncio.run(chain.rerank_response("q", cands, text=lambda c: c.text))
+    finally:
+        client.close()
+    assert [item.id for item, _ in response.results] == ["c", "a", "b"]
+    assert response.indices is None  # positions in the reversed copy, not in `cands`
