@@ -74,7 +74,7 @@ class _Reversing:
 
 
 def test_our_clients_answer_for_the_same_items_is_mapped_from_its_indices(
-    monkeypatch: pytest.MonkeyPatch,
+    client: RerankClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The shortcut is taken: an answer our client made for the stage's own candidates never
     goes through `map_results`."""
@@ -92,11 +92,7 @@ def test_our_clients_answer_for_the_same_items_is_mapped_from_its_indices(
 
     monkeypatch.setattr(stage_module, "map_results", refused)
     cands = [Candidate(n, n, score=s) for n, s in (("a", 0.3), ("b", 0.2), ("c", 0.1))]
-    client = RerankClient("http://127.0.0.1:9")
-    try:
-        out = asyncio.run(RerankStage(Same(client)).arun("q", cands))
-    finally:
-        client.close()
+    out = asyncio.run(RerankStage(Same(client)).arun("q", cands))
     assert [(r.candidate.id, r.score, r.input_index) for r in out] == [
         ("a", 0.9, 0),
         ("c", 0.4, 2),
@@ -104,15 +100,11 @@ def test_our_clients_answer_for_the_same_items_is_mapped_from_its_indices(
     ]
 
 
-def test_a_client_response_for_other_items_is_labelled_by_identity() -> None:
+def test_a_client_response_for_other_items_is_labelled_by_identity(client: RerankClient) -> None:
     """A `ClientResponse` is trusted only where its indices name the stage's own candidates:
     one made for a reordered (or filtered) copy is mapped result by result."""
     cands = [Candidate(n, n, score=s) for n, s in (("a", 0.3), ("b", 0.2), ("c", 0.1))]
-    client = RerankClient("http://127.0.0.1:9")
-    try:
-        out = asyncio.run(RerankStage(_Reversing(client)).arun("q", cands))
-    finally:
-        client.close()
+    out = asyncio.run(RerankStage(_Reversing(client)).arun("q", cands))
     assert [(r.candidate.id, r.score, r.input_index) for r in out] == [
         ("c", 0.9, 2),
         ("a", 0.4, 0),
@@ -240,15 +232,13 @@ def test_a_chain_passes_on_only_indices_our_clients_checked() -> None:
     assert response.indices is None  # the tier's claim ([2, 1, 0]) was wrong, and not passed on
 
 
-def test_a_chain_passes_on_no_indices_our_client_made_for_other_items() -> None:
+def test_a_chain_passes_on_no_indices_our_client_made_for_other_items(
+    client: RerankClient,
+) -> None:
     from retrieval_stage import AsyncRerankerChain
 
     cands = [Candidate(n, n, score=s) for n, s in (("a", 0.3), ("b", 0.2), ("c", 0.1))]
-    client = RerankClient("http://127.0.0.1:9")
-    try:
-        chain = AsyncRerankerChain([_Reversing(client)])
-        response = asyncio.run(chain.rerank_response("q", cands, text=lambda c: c.text))
-    finally:
-        client.close()
+    chain = AsyncRerankerChain([_Reversing(client)])
+    response = asyncio.run(chain.rerank_response("q", cands, text=lambda c: c.text))
     assert [item.id for item, _ in response.results] == ["c", "a", "b"]
     assert response.indices is None  # positions in the reversed copy, not in `cands`
