@@ -1,8 +1,10 @@
 """Rerank metrics through the OpenTelemetry metrics API.
 
 The library only asks for a meter; it never installs a MeterProvider. Until the application
-configures one (for example with :func:`configure_metrics`), every instrument is a no-op, so a
-library user who does not want metrics pays almost nothing for them.
+configures one (for example with `retrieval_stage.telemetry.configure_metrics`), every
+instrument is a no-op, so a library user who does not want metrics pays almost nothing for them.
+`metrics_configured` and `global_meter_provider` tell whether one is set, cheaply enough to
+ask on every call. The instrument names are in `retrieval_stage.spans.keys`.
 
 Instrument names follow the OpenTelemetry naming conventions and share their vocabulary with the
 span attributes the stage emits (``retrieval_stage.documents``, ``retrieval_stage.fallback``, ...).
@@ -13,38 +15,40 @@ The collector's Prometheus exporter turns them into ``retrieval_stage_rerank_dur
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from opentelemetry import metrics
+from opentelemetry.metrics import NoOpMeterProvider
+from opentelemetry.metrics import _internal as _metrics_api
+from opentelemetry.metrics._internal import _ProxyMeterProvider
 
 from ._version import __version__
-from .spans.keys import ATTR_PROVIDER, ATTR_TIER
-from .spans.otel_private import global_meter_provider, metrics_configured
+from .spans.keys import (
+    ATTR_MODEL,
+    ATTR_OUTCOME,
+    ATTR_PROVIDER,
+    ATTR_TIER,
+    METER_NAME,
+    METRIC_BATCHES,
+    METRIC_BREAKER_OPENINGS,
+    METRIC_DOCUMENTS,
+    METRIC_DURATION,
+    METRIC_FALLBACKS,
+    METRIC_KENDALL_TAU,
+    METRIC_MAX_PROMOTION,
+    METRIC_REQUESTS,
+    METRIC_RETRIES,
+    METRIC_SCORE_MARGIN,
+    METRIC_TIER_CALLS,
+    METRIC_TOP1_CHANGES,
+    METRIC_TOP_SCORE,
+    METRIC_TOPK_OVERLAP,
+)
 
 if TYPE_CHECKING:
     from .quality import RerankQuality
 
-__all__ = ["ChainMetrics", "RerankMetrics"]
-
-METER_NAME = "retrieval_stage"
-
-DURATION = "retrieval_stage.rerank.duration"
-DOCUMENTS = "retrieval_stage.rerank.documents"
-BATCHES = "retrieval_stage.rerank.batches"
-REQUESTS = "retrieval_stage.rerank.requests"
-RETRIES = "retrieval_stage.rerank.retries"
-FALLBACKS = "retrieval_stage.rerank.fallbacks"
-TOP1_CHANGES = "retrieval_stage.rerank.top1_changes"
-KENDALL_TAU = "retrieval_stage.rerank.kendall_tau"
-TOPK_OVERLAP = "retrieval_stage.rerank.topk_overlap"
-MAX_PROMOTION = "retrieval_stage.rerank.max_promotion"
-TOP_SCORE = "retrieval_stage.rerank.top_score"
-SCORE_MARGIN = "retrieval_stage.rerank.score_margin"
-TIER_CALLS = "retrieval_stage.rerank.tier.calls"
-BREAKER_OPENINGS = "retrieval_stage.rerank.breaker.openings"
-
-ATTR_MODEL = "retrieval_stage.model"
-ATTR_OUTCOME = "retrieval_stage.outcome"
+__all__ = ["ChainMetrics", "RerankMetrics", "global_meter_provider", "metrics_configured"]
 
 # A local cross-encoder answers a small batch in ~5 ms; a remote one under load, with retries,
 # can take the whole 30 s deadline. The SDK's default boundaries (0..10000, meant for
@@ -98,65 +102,69 @@ class RerankMetrics:
         # The API's own lookup: `meter_provider`, else the global one (a proxy until set).
         meter = metrics.get_meter(METER_NAME, __version__, meter_provider)
         self._duration = meter.create_histogram(
-            DURATION,
+            METRIC_DURATION,
             unit="s",
             description="Wall time of one rerank call, retries and fallback included.",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
         )
         self._documents = meter.create_histogram(
-            DOCUMENTS,
+            METRIC_DOCUMENTS,
             unit="{document}",
             description="Candidates handed to one rerank call.",
             explicit_bucket_boundaries_advisory=DOCUMENT_BUCKETS,
         )
         self._batches = meter.create_histogram(
-            BATCHES,
+            METRIC_BATCHES,
             unit="{batch}",
             description="Provider sub-batches one rerank call was split into.",
             explicit_bucket_boundaries_advisory=BATCH_BUCKETS,
         )
         self._requests = meter.create_counter(
-            REQUESTS, unit="{request}", description="HTTP requests sent to the rerank provider."
+            METRIC_REQUESTS,
+            unit="{request}",
+            description="HTTP requests sent to the rerank provider.",
         )
         self._retries = meter.create_counter(
-            RETRIES, unit="{retry}", description="Requests that were retries of a failed one."
+            METRIC_RETRIES,
+            unit="{retry}",
+            description="Requests that were retries of a failed one.",
         )
         self._fallbacks = meter.create_counter(
-            FALLBACKS,
+            METRIC_FALLBACKS,
             unit="{fallback}",
             description="Rerank calls that degraded to recall order instead of failing.",
         )
         self._top1_changes = meter.create_counter(
-            TOP1_CHANGES,
+            METRIC_TOP1_CHANGES,
             unit="{change}",
             description="Reranked calls whose first result differs from recall's first.",
         )
         self._kendall_tau = meter.create_histogram(
-            KENDALL_TAU,
+            METRIC_KENDALL_TAU,
             description="(1 + Kendall's tau-b) / 2 between recall's order and the reranker's, "
             "per call: 1 when the reranker kept recall's order, 0.5 unrelated, 0 reversed "
             "(histograms take no negative values).",
             explicit_bucket_boundaries_advisory=TAU_BUCKETS,
         )
         self._topk_overlap = meter.create_histogram(
-            TOPK_OVERLAP,
+            METRIC_TOPK_OVERLAP,
             description="Share of the reranker's top k that was in recall's top k, per call.",
             explicit_bucket_boundaries_advisory=TOPK_OVERLAP_BUCKETS,
         )
         self._max_promotion = meter.create_histogram(
-            MAX_PROMOTION,
+            METRIC_MAX_PROMOTION,
             unit="{rank}",
             description="Deepest 1-based recall rank that reached the reranker's top k.",
             explicit_bucket_boundaries_advisory=PROMOTION_BUCKETS,
         )
         self._top_score = meter.create_histogram(
-            TOP_SCORE,
+            METRIC_TOP_SCORE,
             description="The reranker's best score per call (model-specific scale; a negative "
             "one counts as 0).",
             explicit_bucket_boundaries_advisory=TOP_SCORE_BUCKETS,
         )
         self._score_margin = meter.create_histogram(
-            SCORE_MARGIN,
+            METRIC_SCORE_MARGIN,
             description="The reranker's best score minus its second best, per call.",
             explicit_bucket_boundaries_advisory=MARGIN_BUCKETS,
         )
@@ -255,12 +263,12 @@ class ChainMetrics:
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
         meter = metrics.get_meter(METER_NAME, __version__, meter_provider)
         self._calls = meter.create_counter(
-            TIER_CALLS,
+            METRIC_TIER_CALLS,
             unit="{call}",
             description="Calls a reranker chain made (or skipped) per tier, by outcome.",
         )
         self._openings = meter.create_counter(
-            BREAKER_OPENINGS,
+            METRIC_BREAKER_OPENINGS,
             unit="{opening}",
             description="Times a reranker chain's tier circuit opened (its tier then skipped).",
         )
@@ -285,11 +293,26 @@ def _tier_labels(tier: int, provider: str | None, model: str | None) -> dict[str
     return labels
 
 
-def __getattr__(name: str) -> Any:
-    """`configure_metrics` lives in `retrieval_stage.telemetry.metrics` (set-up, for
-    applications); it is still importable from here, loaded only when asked for."""
-    if name == "configure_metrics":
-        from .telemetry.metrics import configure_metrics
+def metrics_configured(meter_provider: metrics.MeterProvider | None) -> bool:
+    """True when points recorded through `meter_provider` (None: the global one, as it is now)
+    can reach a reader: not the API's no-op provider, nor its placeholder for a global
+    provider nobody has set yet.
 
-        return configure_metrics
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    The API has no public way to ask this: its placeholder is the private
+    ``_ProxyMeterProvider`` (pinned by tests/telemetry/test_metrics.py)."""
+    provider = metrics.get_meter_provider() if meter_provider is None else meter_provider
+    return not isinstance(provider, (NoOpMeterProvider, _ProxyMeterProvider))
+
+
+def global_meter_provider() -> metrics.MeterProvider | None:
+    """The global MeterProvider an application set, or None while none is set.
+
+    `metrics.get_meter_provider` answers the same, but while none is set it looks
+    ``OTEL_PYTHON_METER_PROVIDER`` up in ``os.environ`` on every call (to load a provider
+    named there), which a per-call check cannot afford; so this reads the API's private slot
+    ``_METER_PROVIDER`` (pinned by tests/telemetry/test_metrics.py). That variable is honoured
+    all the same: the API loads the provider it names at its first lookup, which
+    `RerankMetrics` makes when it is built.
+    """
+    provider: metrics.MeterProvider | None = _metrics_api._METER_PROVIDER
+    return provider

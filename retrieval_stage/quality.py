@@ -38,25 +38,21 @@ from operator import ge, gt, lt
 from typing import Any
 
 from .models import Candidate, recall_order
+from .spans.keys import (
+    ATTR_KENDALL_TAU,
+    ATTR_MAX_PROMOTION,
+    ATTR_SCORE_MARGIN,
+    ATTR_TOP_SCORE,
+    ATTR_TOPK_OVERLAP,
+)
 
 __all__ = [
-    "ATTR_KENDALL_TAU",
-    "ATTR_MAX_PROMOTION",
-    "ATTR_SCORE_MARGIN",
-    "ATTR_TOPK_OVERLAP",
-    "ATTR_TOP_SCORE",
     "RerankQuality",
     "kendall_tau_b",
     "max_promotion",
     "rerank_quality",
     "topk_overlap",
 ]
-
-ATTR_KENDALL_TAU = "retrieval_stage.quality.kendall_tau"
-ATTR_TOPK_OVERLAP = "retrieval_stage.quality.topk_overlap"
-ATTR_MAX_PROMOTION = "retrieval_stage.quality.max_promotion"
-ATTR_TOP_SCORE = "retrieval_stage.quality.top_score"
-ATTR_SCORE_MARGIN = "retrieval_stage.quality.score_margin"
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,7 +105,7 @@ def measure(server: LocalServer, scale: Scale) -> dict[str, Any]:
 
     from retrieval_stage import RerankStage
     from retrieval_stage.evaluation import per_query_scores
-    from retrieval_stage.quality import (
+    from retrieval_stage.spans.keys import (
         ATTR_KENDALL_TAU,
         ATTR_MAX_PROMOTION,
         ATTR_SCORE_MARGIN,

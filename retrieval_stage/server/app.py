@@ -2,21 +2,26 @@
 
 `create_app` builds a Starlette app that any ASGI server can run (``retrieval-stage serve``
 runs it on uvicorn). The model loads in the background once the app starts, so ``/health``
-answers 503 until it is ready, as TEI's does. The ASGI instrumentation makes one SERVER span
-per request, continuing the caller's ``traceparent``/``tracestate``/``baggage``; the batcher's
-model batches become child spans of it (`retrieval_stage.server.telemetry`). The app never
-sets a global tracer or meter provider: pass the ones to use, or the globals are asked.
+answers 503 until it is ready, as TEI's does. Starlette's own pattern: the lifespan yields the
+app's state (`Serving`: settings, model, threads, batcher, instruments) and the module-level
+endpoints read it from ``request.state``; every failure is answered by `_failure`, in TEI's
+wire format. The ASGI instrumentation makes one SERVER span per request, continuing the
+caller's ``traceparent``/``tracestate``/``baggage``; the batcher's model batches become child
+spans of it, and each request's attributes, metric point and log line are written in one place
+(`retrieval_stage.server.telemetry`). The app never sets a global tracer or meter provider:
+pass the ones to use, or the globals are asked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
@@ -33,18 +38,13 @@ from .._version import __version__
 from .batcher import Batch, Batcher
 from .scorers import Group, Scorer, make_scorer, set_threads
 from .settings import ServerSettings
-from .telemetry import ATTR_MODEL, ServerInstruments, record_batch_spans
+from .telemetry import RequestRecord, ServerInstruments, record_batch, record_request
 from .wire import ApiError, RerankJob, parse_rerank_body, render_scores, unhealthy
 
 __all__ = ["ROUTES", "create_app"]
 
 ROUTES = ("/rerank", "/info", "/health")
 """The paths served; a span is named after one of these, or only by its method."""
-
-ATTR_SHAPE = "retrieval_stage.shape"
-ATTR_DOCUMENTS = "retrieval_stage.documents"
-ATTR_TOKENS = "retrieval_stage.server.tokens"
-ATTR_BATCHES = "retrieval_stage.server.batches"
 
 _log = get_logger("retrieval_stage.server")
 
@@ -59,43 +59,156 @@ def _span_details(scope: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return method, {}
 
 
-@dataclass
-class _State:
-    """What the routes share: settings, the model, the batcher, and whether it is ready."""
+@dataclass(frozen=True)
+class _Parts:
+    """What `create_app` was given (or chose): the app's lifespan builds its state from it."""
 
     settings: ServerSettings
     scorer: Scorer
     tracer: trace.Tracer
     meter_provider: metrics.MeterProvider | None
     on_load_failure: Callable[[BaseException], None] | None
-    ready: bool = False
-    load_error: BaseException | None = None
-    batcher: Batcher | None = None
-    instruments: ServerInstruments | None = None
-    model_thread: ThreadPoolExecutor | None = None
-    count_thread: ThreadPoolExecutor | None = None
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
-    def on_batch(self, batch: Batch) -> None:
-        record_batch_spans(self.tracer, batch, self.scorer.model_id, self.scorer.kind)
-        if self.instruments is not None:
-            self.instruments.batch(batch, self.scorer.model_id)
-        _log.debug(
-            "server.batch",
-            number=batch.number,
-            requests=len(batch.shares),
-            pairs=batch.pairs,
-            tokens=batch.tokens,
-            duration_ms=round((batch.ended - batch.started) * 1000, 2),
-            error=type(batch.error).__name__ if batch.error else None,
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app: Starlette) -> AsyncIterator[State]:
+        """The app's state while it serves: threads and batcher started, the model loading in
+        the background; on the way out, the batcher drained and the threads stopped."""
+        serving = Serving(self)
+        serving.batcher.start()
+        loading = asyncio.get_running_loop().create_task(
+            _load(serving, self.on_load_failure), name="rerank-model-load"
         )
+        try:
+            yield {"server": serving}
+        finally:
+            loading.cancel()
+            await serving.batcher.stop()
+            serving.model_thread.shutdown(wait=True, cancel_futures=True)
+            serving.count_thread.shutdown(wait=True, cancel_futures=True)
+            serving.ready = False
+            _log.info("server.stopped")
+
+
+class Serving:
+    """What the endpoints share while the app runs: settings, the model, its two threads (one
+    runs the model, one counts tokens), the batcher, the instruments, and whether it is ready."""
+
+    def __init__(self, parts: _Parts) -> None:
+        settings = parts.settings
+        self.settings = settings
+        self.scorer = parts.scorer
+        self.ready = False
+        self.load_error: BaseException | None = None
+        self._tracer = parts.tracer
+        self.model_thread = ThreadPoolExecutor(1, thread_name_prefix="rerank-model")
+        self.count_thread = ThreadPoolExecutor(1, thread_name_prefix="rerank-tokens")
+        self.batcher = Batcher(
+            self.scorer,
+            self.model_thread,
+            max_batch_pairs=settings.max_batch_pairs,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_queue=settings.max_queue,
+            batch_wait=settings.batch_wait_ms / 1000,
+            on_batch=self._on_batch,
+        )
+        self.instruments = ServerInstruments(parts.meter_provider, lambda: self.batcher.depth)
+
+    def _on_batch(self, batch: Batch) -> None:
+        record_batch(self._tracer, self.instruments, batch, self.scorer.model_id, self.scorer.kind)
+
+
+class State(TypedDict):
+    """The lifespan's state, as each request sees it (``request.state["server"]``)."""
+
+    server: Serving
+
+
+async def _load(serving: Serving, on_load_failure: Callable[[BaseException], None] | None) -> None:
+    """Load the model on its thread; on success the app is ready, on failure it stays
+    unhealthy, says so once, and tells `on_load_failure`."""
+    loop = asyncio.get_running_loop()
+    started = time.monotonic()
+    scorer = serving.scorer
+    try:
+        if scorer.kind != "lexical":
+            await loop.run_in_executor(
+                serving.model_thread, set_threads, serving.settings.model_threads
+            )
+        await loop.run_in_executor(serving.model_thread, scorer.load)
+    except Exception as exc:  # any loader error: said once, and the app stays unhealthy
+        serving.load_error = exc
+        _log.warning(
+            "server.load_failed",
+            model=scorer.model_id,
+            error=f"{type(exc).__name__}: {exc}"[:500],
+        )
+        if on_load_failure is not None:
+            on_load_failure(exc)
+        return
+    serving.ready = True
+    _log.info(
+        "server.ready",
+        reranker=scorer.kind,
+        model=scorer.model_id,
+        load_s=round(time.monotonic() - started, 2),
+        max_client_batch_size=serving.settings.max_client_batch_size,
+    )
+
+
+# Every failure is answered here, in TEI's wire format, with the status that is logged and
+# metered. An unexpected error is not ours to word: it goes on to Starlette, which answers 500.
 
 
 def _error(exc: ApiError) -> Response:
+    """TEI's ``{"error", "error_type"}`` body with the error's status."""
     return Response(exc.body(), status_code=exc.status, media_type="application/json")
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+def _failure(exc: Exception) -> tuple[Response, int, str]:
+    """The answer to a ``POST /rerank`` that failed with `exc`, and the status and error type
+    recorded for it (a caller that hung up is recorded as 499)."""
+    if isinstance(exc, ApiError):
+        return _error(exc), exc.status, exc.kind
+    if isinstance(exc, ClientDisconnect):
+        return Response(status_code=400), 499, "ClientDisconnect"
+    raise exc  # the unexpected-error path
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (unknown path, wrong method) in TEI's wire format."""
+    assert isinstance(exc, HTTPException)
+    kinds = {404: "NotFound", 405: "MethodNotAllowed"}
+    kind = kinds.get(exc.status_code, "Validation")
+    return _error(ApiError(kind, str(exc.detail), status=exc.status_code))
+
+
+# POST /rerank: parse, hand to the batcher, render.
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """A job's scores and what getting them took."""
+
+    scores: list[float]
+    tokens: int
+    batches: int
+    queue_wait: float
+
+
+async def _parse(request: Request[State], serving: Serving) -> RerankJob:
+    """The request's job, or the refusal TEI gives: not ready, not JSON, too large, invalid."""
+    if not serving.ready:
+        raise unhealthy()
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(
+            "UnsupportedMediaType", "Expected request with `Content-Type: application/json`"
+        )
+    raw = await _read_body(request, serving.settings.payload_limit)
+    return parse_rerank_body(raw, max_client_batch_size=serving.settings.max_client_batch_size)
+
+
+async def _read_body(request: Request[State], limit: int) -> bytes:
     """The request body, or TEI's 413 once it passes `limit` bytes (read no further)."""
     too_large = ApiError(
         "PayloadTooLarge", f"the request body is larger than the {limit}-byte limit"
@@ -132,6 +245,98 @@ def _effective(
     return out
 
 
+async def _score(serving: Serving, job: RerankJob, context: otel_context.Context) -> _Scored:
+    """Count the job's tokens (on the counting thread), hand it to the batcher under the
+    request's trace `context`, and wait for its scores."""
+    scorer = serving.scorer
+    loop = asyncio.get_running_loop()
+    query_tokens, counted = await loop.run_in_executor(
+        serving.count_thread, scorer.count, job.query, job.texts
+    )
+    limit = scorer.max_input_length
+    tokens = _effective(job, counted, limit, auto_truncate=True)
+    ticket = serving.batcher.submit(
+        Group(job.query, job.texts, job.raw_scores), tokens, min(query_tokens, limit), context
+    )
+    scores = await ticket.future
+    total = sum(tokens) + (query_tokens if scorer.kind == "embedding" else 0)
+    return _Scored(scores, total, ticket.batches, ticket.queue_wait)
+
+
+def _render(serving: Serving, job: RerankJob, scored: _Scored, started: float) -> Response:
+    """The scores in the job's shape, with TEI's compute and timing headers."""
+    body = render_scores(job, scored.scores)
+    total = time.monotonic() - started
+    inference = max(total - scored.queue_wait, 0.0)
+    chars = len(job.query) * len(job.texts) + sum(len(t) for t in job.texts)
+    headers = {
+        "x-compute-type": "cpu",
+        "x-compute-characters": str(chars),
+        "x-compute-tokens": str(scored.tokens),
+        "x-total-time": str(int(total * 1000)),
+        "x-queue-time": str(int(scored.queue_wait * 1000)),
+        "x-inference-time": str(int(inference * 1000)),
+        "x-model-id": serving.scorer.model_id,
+    }
+    return Response(body, media_type="application/json", headers=headers)
+
+
+async def rerank(request: Request[State]) -> Response:
+    """``POST /rerank``: TEI's (or the sidecar's) scores, or TEI's refusal; either way one
+    span, one metric point and one access-log line (`record_request`)."""
+    serving = request.state["server"]
+    record = RequestRecord(started=time.monotonic())
+    span = trace.get_current_span()
+    try:
+        job = await _parse(request, serving)
+        record.shape, record.texts = job.shape, len(job.texts)
+        scored = await _score(serving, job, otel_context.get_current())
+        response = _render(serving, job, scored, record.started)
+        record.tokens, record.batches = scored.tokens, scored.batches
+        record.queue_wait = scored.queue_wait
+        return response
+    except Exception as exc:
+        response, record.status, record.error_type = _failure(exc)
+        return response
+    finally:
+        record_request(span, serving.instruments, record, serving.scorer.model_id)
+
+
+async def info(request: Request[State]) -> Response:
+    """``GET /info``: TEI's fields, and ours (reranker, ready, queue depth)."""
+    serving = request.state["server"]
+    settings, scorer = serving.settings, serving.scorer
+    body = {
+        "model_id": scorer.model_id,
+        "model_sha": None,
+        "model_dtype": "float32",
+        "model_type": {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}},
+        "max_concurrent_requests": settings.max_queue,
+        "max_input_length": scorer.max_input_length,
+        "max_batch_tokens": settings.max_batch_tokens,
+        "max_batch_requests": settings.max_batch_pairs,
+        "max_client_batch_size": settings.max_client_batch_size,
+        "auto_truncate": True,
+        "tokenization_workers": 1,
+        "version": __version__,
+        "sha": None,
+        "docker_label": None,
+        "server": "retrieval-stage",
+        "reranker": scorer.kind,
+        "ready": serving.ready,
+        "queue_depth": serving.batcher.depth,
+    }
+    return Response(json.dumps(body).encode(), media_type="application/json")
+
+
+async def health(request: Request[State]) -> Response:
+    """``GET /health``: 200 once the model is loaded, TEI's 503 until then (or after a failed
+    load)."""
+    if not request.state["server"].ready:
+        return _error(unhealthy())
+    return Response(b"", status_code=200)
+
+
 def create_app(
     settings: ServerSettings | None = None,
     *,
@@ -148,191 +353,21 @@ def create_app(
     503, requests are refused as unhealthy, and `on_load_failure` is called with the error.
     """
     settings = settings or ServerSettings()
-    chosen = scorer or make_scorer(
-        settings.reranker,
-        settings.model,
-        batch_size=settings.model_batch_size,
-        cache_size=settings.embedding_cache,
-        threads=settings.model_threads,
-    )
-    state = _State(
+    parts = _Parts(
         settings=settings,
-        scorer=chosen,
+        scorer=scorer
+        or make_scorer(
+            settings.reranker,
+            settings.model,
+            batch_size=settings.model_batch_size,
+            cache_size=settings.embedding_cache,
+            threads=settings.model_threads,
+        ),
         tracer=trace.get_tracer("retrieval_stage.server", __version__, tracer_provider),
         meter_provider=meter_provider,
         on_load_failure=on_load_failure,
     )
-
-    async def load() -> None:
-        loop = asyncio.get_running_loop()
-        started = time.monotonic()
-        try:
-            if state.scorer.kind != "lexical":
-                await loop.run_in_executor(state.model_thread, set_threads, settings.model_threads)
-            await loop.run_in_executor(state.model_thread, state.scorer.load)
-        except Exception as exc:  # any loader error: said once, and the app stays unhealthy
-            state.load_error = exc
-            _log.warning(
-                "server.load_failed",
-                model=state.scorer.model_id,
-                error=f"{type(exc).__name__}: {exc}"[:500],
-            )
-            if state.on_load_failure is not None:
-                state.on_load_failure(exc)
-            return
-        state.ready = True
-        _log.info(
-            "server.ready",
-            reranker=state.scorer.kind,
-            model=state.scorer.model_id,
-            load_s=round(time.monotonic() - started, 2),
-            max_client_batch_size=settings.max_client_batch_size,
-        )
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        state.model_thread = ThreadPoolExecutor(1, thread_name_prefix="rerank-model")
-        state.count_thread = ThreadPoolExecutor(1, thread_name_prefix="rerank-tokens")
-        state.batcher = Batcher(
-            state.scorer,
-            state.model_thread,
-            max_batch_pairs=settings.max_batch_pairs,
-            max_batch_tokens=settings.max_batch_tokens,
-            max_queue=settings.max_queue,
-            batch_wait=settings.batch_wait_ms / 1000,
-            on_batch=state.on_batch,
-        )
-        state.instruments = ServerInstruments(
-            meter_provider, lambda: state.batcher.depth if state.batcher else 0
-        )
-        state.batcher.start()
-        task = asyncio.get_running_loop().create_task(load(), name="rerank-model-load")
-        state.tasks.add(task)
-        task.add_done_callback(state.tasks.discard)
-        try:
-            yield
-        finally:
-            task.cancel()
-            await state.batcher.stop()
-            state.model_thread.shutdown(wait=True, cancel_futures=True)
-            state.count_thread.shutdown(wait=True, cancel_futures=True)
-            state.ready = False
-            _log.info("server.stopped")
-
-    async def rerank(request: Request) -> Response:
-        started = time.monotonic()
-        span = trace.get_current_span()
-        context = otel_context.get_current()
-        shape, texts, tokens_total, batches, queue_wait = "unknown", 0, 0, 0, 0.0
-        status, error_type = 200, None
-        try:
-            if not state.ready or state.batcher is None:
-                raise unhealthy()
-            media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-            if media != "application/json":
-                raise ApiError(
-                    "UnsupportedMediaType",
-                    "Expected request with `Content-Type: application/json`",
-                )
-            raw = await _read_body(request, settings.payload_limit)
-            job = parse_rerank_body(raw, max_client_batch_size=settings.max_client_batch_size)
-            shape, texts = job.shape, len(job.texts)
-            loop = asyncio.get_running_loop()
-            query_tokens, counted = await loop.run_in_executor(
-                state.count_thread, state.scorer.count, job.query, job.texts
-            )
-            limit = state.scorer.max_input_length
-            tokens = _effective(job, counted, limit, auto_truncate=True)
-            ticket = state.batcher.submit(
-                Group(job.query, job.texts, job.raw_scores),
-                tokens,
-                min(query_tokens, limit),
-                context,
-            )
-            scores = await ticket.future
-            batches, queue_wait = ticket.batches, ticket.queue_wait
-            body = render_scores(job, scores)
-            tokens_total = sum(tokens) + (query_tokens if state.scorer.kind == "embedding" else 0)
-            total = time.monotonic() - started
-            inference = max(total - queue_wait, 0.0)
-            chars = len(job.query) * len(job.texts) + sum(len(t) for t in job.texts)
-            headers = {
-                "x-compute-type": "cpu",
-                "x-compute-characters": str(chars),
-                "x-compute-tokens": str(tokens_total),
-                "x-total-time": str(int(total * 1000)),
-                "x-queue-time": str(int(queue_wait * 1000)),
-                "x-inference-time": str(int(inference * 1000)),
-                "x-model-id": state.scorer.model_id,
-            }
-            return Response(body, media_type="application/json", headers=headers)
-        except ApiError as exc:
-            status, error_type = exc.status, exc.kind
-            return _error(exc)
-        except ClientDisconnect:
-            status, error_type = 499, "ClientDisconnect"
-            return Response(status_code=400)
-        finally:
-            duration = time.monotonic() - started
-            if span.is_recording():
-                span.set_attribute(ATTR_SHAPE, shape)
-                span.set_attribute(ATTR_DOCUMENTS, texts)
-                span.set_attribute(ATTR_MODEL, state.scorer.model_id)
-                span.set_attribute(ATTR_TOKENS, tokens_total)
-                span.set_attribute(ATTR_BATCHES, batches)
-                if error_type is not None:
-                    span.set_attribute("error.type", error_type)
-            if state.instruments is not None:
-                state.instruments.request(duration, status=status, shape=shape)
-            _log.info(
-                "server.request",
-                status=status,
-                shape=shape,
-                texts=texts,
-                tokens=tokens_total,
-                batches=batches,
-                queue_wait_ms=round(queue_wait * 1000, 2),
-                duration_ms=round(duration * 1000, 2),
-                error_type=error_type,
-            )
-
-    async def info(_request: Request) -> Response:
-        import json
-
-        body = {
-            "model_id": state.scorer.model_id,
-            "model_sha": None,
-            "model_dtype": "float32",
-            "model_type": {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}},
-            "max_concurrent_requests": settings.max_queue,
-            "max_input_length": state.scorer.max_input_length,
-            "max_batch_tokens": settings.max_batch_tokens,
-            "max_batch_requests": settings.max_batch_pairs,
-            "max_client_batch_size": settings.max_client_batch_size,
-            "auto_truncate": True,
-            "tokenization_workers": 1,
-            "version": __version__,
-            "sha": None,
-            "docker_label": None,
-            "server": "retrieval-stage",
-            "reranker": state.scorer.kind,
-            "ready": state.ready,
-            "queue_depth": state.batcher.depth if state.batcher is not None else 0,
-        }
-        return Response(json.dumps(body).encode(), media_type="application/json")
-
-    async def health(_request: Request) -> Response:
-        if not state.ready:
-            return _error(unhealthy())
-        return Response(b"", status_code=200)
-
-    async def http_error(_request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        kinds = {404: "NotFound", 405: "MethodNotAllowed"}
-        kind = kinds.get(exc.status_code, "Validation")
-        return _error(ApiError(kind, str(exc.detail), status=exc.status_code))
-
-    app = Starlette(
+    return Starlette(
         routes=[
             Route("/rerank", rerank, methods=["POST"]),
             Route("/info", info, methods=["GET"]),
@@ -348,8 +383,6 @@ def create_app(
                 exclude_spans=["receive", "send"],
             )
         ],
-        exception_handlers={HTTPException: http_error},
-        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error},
+        lifespan=parts.lifespan,
     )
-    app.state.server = state
-    return app

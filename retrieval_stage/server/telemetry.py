@@ -1,54 +1,61 @@
-"""The server's own spans and metrics: one span per request per model batch, and instruments.
+"""The server's own telemetry: what each request and each model batch leave behind.
 
 The SERVER span of each request is the ASGI instrumentation's (it continues the caller's W3C
-context). Under it, for every model batch the request ran in, a ``rerank.batch`` span covers
-the batch's run and says what ran (model, pairs, tokens, requests) and how long this request
-had waited; it links to every request span of that batch, so a batch shared by three traces
-can be followed from any of them. No query or document text is ever recorded here: the
-caller's RERANKER span holds the documents, once.
+context); `record_request` writes what the request did on it, records its duration and logs
+its ``server.request`` line. Under it, for every model batch the request ran in, a
+``rerank.batch`` span covers the batch's run and says what ran (model, pairs, tokens, requests)
+and how long this request had waited; it links to every request span of that batch, so a batch
+shared by three traces can be followed from any of them (`record_batch` also meters and logs
+the batch). No query or document text is ever recorded here: the caller's RERANKER span holds
+the documents, once.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from .._log import get_logger
 from .._version import __version__
+from ..spans.keys import (
+    ATTR_BATCH_NUMBER,
+    ATTR_BATCH_PAIRS,
+    ATTR_BATCH_REQUESTS,
+    ATTR_BATCH_TOKENS,
+    ATTR_DOCUMENTS,
+    ATTR_MODEL,
+    ATTR_OUTCOME,
+    ATTR_QUEUE_WAIT,
+    ATTR_REQUEST_PAIRS,
+    ATTR_REQUEST_TOKENS,
+    ATTR_SERVER_BATCHES,
+    ATTR_SERVER_RERANKER,
+    ATTR_SERVER_TOKENS,
+    ATTR_SHAPE,
+    METRIC_SERVER_BATCH_SIZE,
+    METRIC_SERVER_BATCH_TOKENS,
+    METRIC_SERVER_QUEUE_DEPTH,
+    METRIC_SERVER_REQUEST_DURATION,
+    SERVER_METER_NAME,
+)
 from .batcher import Batch
 
 __all__ = [
-    "ATTR_BATCH_NUMBER",
-    "ATTR_BATCH_PAIRS",
-    "ATTR_BATCH_REQUESTS",
-    "ATTR_BATCH_TOKENS",
-    "ATTR_MODEL",
-    "ATTR_QUEUE_WAIT",
-    "ATTR_REQUEST_PAIRS",
-    "ATTR_REQUEST_TOKENS",
-    "ATTR_RERANKER",
     "BATCH_SPAN_NAME",
+    "RequestRecord",
     "ServerInstruments",
+    "record_batch",
     "record_batch_spans",
+    "record_request",
 ]
 
 BATCH_SPAN_NAME = "rerank.batch"
-ATTR_MODEL = "retrieval_stage.model"
-ATTR_RERANKER = "retrieval_stage.server.reranker"
-ATTR_BATCH_NUMBER = "retrieval_stage.batch.number"
-ATTR_BATCH_PAIRS = "retrieval_stage.batch.pairs"
-ATTR_BATCH_TOKENS = "retrieval_stage.batch.tokens"
-ATTR_BATCH_REQUESTS = "retrieval_stage.batch.requests"
-ATTR_REQUEST_PAIRS = "retrieval_stage.batch.request_pairs"
-ATTR_REQUEST_TOKENS = "retrieval_stage.batch.request_tokens"
-ATTR_QUEUE_WAIT = "retrieval_stage.batch.queue_wait_s"
 
-METER_NAME = "retrieval_stage.server"
-REQUEST_DURATION = "retrieval_stage.server.request.duration"
-BATCH_SIZE = "retrieval_stage.server.batch.size"
-BATCH_TOKENS = "retrieval_stage.server.batch.tokens"
-QUEUE_DEPTH = "retrieval_stage.server.queue.depth"
+_log = get_logger("retrieval_stage.server")
 
 # A CPU model answers one small batch in ~5 ms and a full one in seconds.
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -76,7 +83,7 @@ def record_batch_spans(tracer: trace.Tracer, batch: Batch, model: str, reranker:
             start_time=batch.started_ns,
             attributes={
                 ATTR_MODEL: model,
-                ATTR_RERANKER: reranker,
+                ATTR_SERVER_RERANKER: reranker,
                 ATTR_BATCH_NUMBER: batch.number,
                 ATTR_BATCH_PAIRS: batch.pairs,
                 ATTR_BATCH_TOKENS: batch.tokens,
@@ -100,28 +107,28 @@ class ServerInstruments:
         self, meter_provider: metrics.MeterProvider | None, depth: Callable[[], int]
     ) -> None:
         # The API's own lookup, as `RerankMetrics` does: `meter_provider`, else the global one.
-        meter = metrics.get_meter(METER_NAME, __version__, meter_provider)
+        meter = metrics.get_meter(SERVER_METER_NAME, __version__, meter_provider)
         self._duration = meter.create_histogram(
-            REQUEST_DURATION,
+            METRIC_SERVER_REQUEST_DURATION,
             unit="s",
             description="Wall time of one POST /rerank, queue wait and model time included.",
             explicit_bucket_boundaries_advisory=DURATION_BUCKETS_S,
         )
         self._batch_size = meter.create_histogram(
-            BATCH_SIZE,
+            METRIC_SERVER_BATCH_SIZE,
             unit="{pair}",
             description="(query, text) pairs in one model batch.",
             explicit_bucket_boundaries_advisory=PAIR_BUCKETS,
         )
         self._batch_tokens = meter.create_histogram(
-            BATCH_TOKENS, unit="{token}", description="Tokens in one model batch."
+            METRIC_SERVER_BATCH_TOKENS, unit="{token}", description="Tokens in one model batch."
         )
 
         def observe(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
             return [metrics.Observation(depth())]
 
         meter.create_observable_gauge(
-            QUEUE_DEPTH,
+            METRIC_SERVER_QUEUE_DEPTH,
             callbacks=[observe],
             unit="{request}",
             description="Requests waiting for their first model batch.",
@@ -129,15 +136,79 @@ class ServerInstruments:
 
     def request(self, duration_s: float, *, status: int, shape: str) -> None:
         """One finished ``POST /rerank``."""
-        self._duration.record(
-            duration_s, {"http.response.status_code": status, "retrieval_stage.shape": shape}
-        )
+        self._duration.record(duration_s, {"http.response.status_code": status, ATTR_SHAPE: shape})
 
     def batch(self, batch: Batch, model: str) -> None:
         """One model batch that ran."""
         attributes = {
             ATTR_MODEL: model,
-            "retrieval_stage.outcome": "error" if batch.error else "ok",
+            ATTR_OUTCOME: "error" if batch.error else "ok",
         }
         self._batch_size.record(batch.pairs, attributes)
         self._batch_tokens.record(batch.tokens, attributes)
+
+
+@dataclass
+class RequestRecord:
+    """What one ``POST /rerank`` did, filled in as it goes; `record_request` reports it.
+
+    Until the body is parsed the shape is ``unknown``; tokens, batches and the queue wait stay
+    0 unless the request got its scores; the status stays 200 unless a failure set it."""
+
+    started: float
+    shape: str = "unknown"
+    texts: int = 0
+    tokens: int = 0
+    batches: int = 0
+    queue_wait: float = 0.0
+    status: int = 200
+    error_type: str | None = None
+
+
+def record_request(
+    span: trace.Span, instruments: ServerInstruments, record: RequestRecord, model: str
+) -> None:
+    """The finished request's attributes on its SERVER `span`, its duration point, and its
+    one ``server.request`` access-log line."""
+    duration = time.monotonic() - record.started
+    if span.is_recording():
+        span.set_attribute(ATTR_SHAPE, record.shape)
+        span.set_attribute(ATTR_DOCUMENTS, record.texts)
+        span.set_attribute(ATTR_MODEL, model)
+        span.set_attribute(ATTR_SERVER_TOKENS, record.tokens)
+        span.set_attribute(ATTR_SERVER_BATCHES, record.batches)
+        if record.error_type is not None:
+            span.set_attribute("error.type", record.error_type)
+    instruments.request(duration, status=record.status, shape=record.shape)
+    _log.info(
+        "server.request",
+        status=record.status,
+        shape=record.shape,
+        texts=record.texts,
+        tokens=record.tokens,
+        batches=record.batches,
+        queue_wait_ms=round(record.queue_wait * 1000, 2),
+        duration_ms=round(duration * 1000, 2),
+        error_type=record.error_type,
+    )
+
+
+def record_batch(
+    tracer: trace.Tracer,
+    instruments: ServerInstruments,
+    batch: Batch,
+    model: str,
+    reranker: str,
+) -> None:
+    """One model batch that ran: its ``rerank.batch`` spans, its points, its debug line."""
+    record_batch_spans(tracer, batch, model, reranker)
+    instruments.batch(batch, model)
+    _log.debug(
+        "server.batch",
+        number=batch.number,
+        requests=len(batch.shares),
+        pairs=batch.pairs,
+        tokens=batch.tokens,
+        duration_ms=round((batch.ended - batch.started) * 1000, 2),
+        error=type(batch.error).__name__ if batch.error else None,
+    )

@@ -1,11 +1,11 @@
 """What the stage and the pipeline write on their spans.
 
-- `keys`: the project's own attribute keys (beside OpenInference's);
+- `keys`: every span attribute key and metric name of ours (beside OpenInference's);
 - `content`: capping ids, texts and metadata in UTF-8 bytes; the RERANKER span's output value;
 - `fit`: placing attributes under the SDK's attribute-count limit without evicting any;
 - `reranker`: `RerankerSpans`, the writer that owns a RERANKER span from identity to outcome;
 - `pipeline`: `PipelineSpans`, the CHAIN and RETRIEVER spans around it;
-- `otel_private`: the one place that reads OpenTelemetry state with no public API.
+- `otel_private`: the spans' reads of OpenTelemetry state that has no public API.
 """
 
 from .content import DEFAULT_MAX_CONTENT_BYTES, TRUNCATION_MARKER, cap_content, output_value

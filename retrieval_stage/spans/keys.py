@@ -1,32 +1,75 @@
-"""The project's own span attribute keys, beside OpenInference's (`openinference.semconv`).
+"""Every span attribute key and metric name of ours, beside OpenInference's semconv.
 
 OpenInference names the reranker's query, model, top_k and documents; these name what it has no
-key for: the provider, document counts, fallback, requests, retries, batches and usage. The
-dashboards, the collector and the tests query them by these names, so they live in one place.
+key for: the provider, document counts, fallback, requests, retries, batches, usage and the
+quality signals, the rerank server's request and batch spans, and the instruments both record.
+The dashboards (grafana/), the collector's rules (telemetry/) and the tests query them by these
+exact strings, so they live in one place.
 """
 
 from __future__ import annotations
 
 __all__ = [
     "ATTR_BATCHES",
+    "ATTR_BATCH_NUMBER",
+    "ATTR_BATCH_PAIRS",
+    "ATTR_BATCH_REQUESTS",
+    "ATTR_BATCH_TOKENS",
     "ATTR_CANCELLED",
     "ATTR_DOCUMENTS",
     "ATTR_FALLBACK",
     "ATTR_INPUT_OMITTED",
+    "ATTR_KENDALL_TAU",
+    "ATTR_MAX_PROMOTION",
+    "ATTR_MODEL",
+    "ATTR_OUTCOME",
     "ATTR_OUTPUT_OMITTED",
     "ATTR_PROVIDER",
+    "ATTR_QUEUE_WAIT",
     "ATTR_RECALL",
     "ATTR_RECALL_K",
     "ATTR_REQUESTS",
+    "ATTR_REQUEST_PAIRS",
+    "ATTR_REQUEST_TOKENS",
     "ATTR_RETRIES",
     "ATTR_RETRIEVAL_OMITTED",
+    "ATTR_SCORE_MARGIN",
+    "ATTR_SERVER_BATCHES",
+    "ATTR_SERVER_RERANKER",
+    "ATTR_SERVER_TOKENS",
+    "ATTR_SHAPE",
     "ATTR_TIER",
     "ATTR_TOP1_CHANGED",
+    "ATTR_TOPK_OVERLAP",
+    "ATTR_TOP_SCORE",
     "ATTR_USAGE_SEARCH_UNITS",
     "ATTR_USAGE_TOTAL_TOKENS",
+    "METER_NAME",
+    "METRIC_BATCHES",
+    "METRIC_BREAKER_OPENINGS",
+    "METRIC_DOCUMENTS",
+    "METRIC_DURATION",
+    "METRIC_FALLBACKS",
+    "METRIC_KENDALL_TAU",
+    "METRIC_MAX_PROMOTION",
+    "METRIC_REQUESTS",
+    "METRIC_RETRIES",
+    "METRIC_SCORE_MARGIN",
+    "METRIC_SERVER_BATCH_SIZE",
+    "METRIC_SERVER_BATCH_TOKENS",
+    "METRIC_SERVER_QUEUE_DEPTH",
+    "METRIC_SERVER_REQUEST_DURATION",
+    "METRIC_TIER_CALLS",
+    "METRIC_TOP1_CHANGES",
+    "METRIC_TOPK_OVERLAP",
+    "METRIC_TOP_SCORE",
+    "SERVER_METER_NAME",
 ]
 
+# The RERANKER span (and the stage's and the chain's metric points).
 ATTR_PROVIDER = "retrieval_stage.provider"
+ATTR_MODEL = "retrieval_stage.model"
+"""The configured model on metric points; the served model on the server's spans."""
 ATTR_DOCUMENTS = "retrieval_stage.documents"
 ATTR_FALLBACK = "retrieval_stage.fallback"
 """True on a RERANKER span whose stage returned recall order, and on the CHAIN span above it."""
@@ -34,6 +77,8 @@ ATTR_CANCELLED = "retrieval_stage.cancelled"
 ATTR_TIER = "retrieval_stage.tier"
 """Which tier of a `RerankerChain` answered (0 the primary), on the RERANKER span and on the
 chain's events, metric points and log lines."""
+ATTR_OUTCOME = "retrieval_stage.outcome"
+"""How a call (or a tier's call, or a server's model batch) went, on metric points."""
 ATTR_TOP1_CHANGED = "retrieval_stage.top1_changed"
 ATTR_REQUESTS = "retrieval_stage.requests"
 ATTR_RETRIES = "retrieval_stage.retries"
@@ -43,9 +88,58 @@ ATTR_USAGE_SEARCH_UNITS = "retrieval_stage.usage.search_units"
 ATTR_INPUT_OMITTED = "retrieval_stage.input_documents.omitted"
 ATTR_OUTPUT_OMITTED = "retrieval_stage.output_documents.omitted"
 
+# The label-free quality signals (`retrieval_stage.quality`), on the RERANKER span.
+ATTR_KENDALL_TAU = "retrieval_stage.quality.kendall_tau"
+ATTR_TOPK_OVERLAP = "retrieval_stage.quality.topk_overlap"
+ATTR_MAX_PROMOTION = "retrieval_stage.quality.max_promotion"
+ATTR_TOP_SCORE = "retrieval_stage.quality.top_score"
+ATTR_SCORE_MARGIN = "retrieval_stage.quality.score_margin"
+
+# The RETRIEVER span.
 ATTR_RECALL = "retrieval_stage.recall"
 """The recall method's name (``bm25``, or the class name of a user's `Recall`)."""
 ATTR_RECALL_K = "retrieval_stage.recall_k"
 """How many candidates recall was asked for."""
 ATTR_RETRIEVAL_OMITTED = "retrieval_stage.retrieval_documents.omitted"
 """Recalled documents left off the RETRIEVER span because the attribute limit was reached."""
+
+# The rerank server's SERVER span (one per ``POST /rerank``) and its request metric.
+ATTR_SHAPE = "retrieval_stage.shape"
+"""The request body's shape: ``tei``, ``sidecar``, or ``unknown`` when it was refused first."""
+ATTR_SERVER_TOKENS = "retrieval_stage.server.tokens"
+ATTR_SERVER_BATCHES = "retrieval_stage.server.batches"
+
+# The rerank server's ``rerank.batch`` spans (one per request per model batch).
+ATTR_SERVER_RERANKER = "retrieval_stage.server.reranker"
+ATTR_BATCH_NUMBER = "retrieval_stage.batch.number"
+ATTR_BATCH_PAIRS = "retrieval_stage.batch.pairs"
+ATTR_BATCH_TOKENS = "retrieval_stage.batch.tokens"
+ATTR_BATCH_REQUESTS = "retrieval_stage.batch.requests"
+ATTR_REQUEST_PAIRS = "retrieval_stage.batch.request_pairs"
+ATTR_REQUEST_TOKENS = "retrieval_stage.batch.request_tokens"
+ATTR_QUEUE_WAIT = "retrieval_stage.batch.queue_wait_s"
+
+# Metric instruments of the stage and the chain (`retrieval_stage.metrics`). The collector's
+# Prometheus exporter turns them into ``retrieval_stage_rerank_duration_seconds_*`` and so on.
+METER_NAME = "retrieval_stage"
+METRIC_DURATION = "retrieval_stage.rerank.duration"
+METRIC_DOCUMENTS = "retrieval_stage.rerank.documents"
+METRIC_BATCHES = "retrieval_stage.rerank.batches"
+METRIC_REQUESTS = "retrieval_stage.rerank.requests"
+METRIC_RETRIES = "retrieval_stage.rerank.retries"
+METRIC_FALLBACKS = "retrieval_stage.rerank.fallbacks"
+METRIC_TOP1_CHANGES = "retrieval_stage.rerank.top1_changes"
+METRIC_KENDALL_TAU = "retrieval_stage.rerank.kendall_tau"
+METRIC_TOPK_OVERLAP = "retrieval_stage.rerank.topk_overlap"
+METRIC_MAX_PROMOTION = "retrieval_stage.rerank.max_promotion"
+METRIC_TOP_SCORE = "retrieval_stage.rerank.top_score"
+METRIC_SCORE_MARGIN = "retrieval_stage.rerank.score_margin"
+METRIC_TIER_CALLS = "retrieval_stage.rerank.tier.calls"
+METRIC_BREAKER_OPENINGS = "retrieval_stage.rerank.breaker.openings"
+
+# Metric instruments of the rerank server (`retrieval_stage.server.telemetry`).
+SERVER_METER_NAME = "retrieval_stage.server"
+METRIC_SERVER_REQUEST_DURATION = "retrieval_stage.server.request.duration"
+METRIC_SERVER_BATCH_SIZE = "retrieval_stage.server.batch.size"
+METRIC_SERVER_BATCH_TOKENS = "retrieval_stage.server.batch.tokens"
+METRIC_SERVER_QUEUE_DEPTH = "retrieval_stage.server.queue.depth"

@@ -1,6 +1,6 @@
-"""The only place the library reads OpenTelemetry state that has no public API.
+"""The only place the spans read or write OpenTelemetry state that has no public API.
 
-Three facts have no public accessor in opentelemetry-api/-sdk 1.45, two reads and one write
+Two facts have no public accessor in opentelemetry-api/-sdk 1.45, and one read and one write
 have no cheap public path:
 
 - whether instrumentation is suppressed: the API's context key ``_SUPPRESS_INSTRUMENTATION_KEY``
@@ -9,21 +9,19 @@ have no cheap public path:
   separate ``opentelemetry-instrumentation`` package, which this library does not need);
 - an SDK span's attribute-count limit: the SDK keeps its `SpanLimits` on ``span._limits`` and
   exposes the attributes only as a read-only mapping without the bound;
-- whether metrics go anywhere: until an application sets a global MeterProvider, the API's
-  global is a private ``_ProxyMeterProvider`` whose instruments drop every point, and the
-  provider set (if any) is the API's private ``_METER_PROVIDER`` (`global_meter_provider`
-  reads it without the environment lookup `get_meter_provider` makes on every call);
 - reading which attributes a span holds: ``span.attributes`` is a fresh ``MappingProxyType``
   over the SDK's `BoundedAttributes`, whose lookups and length run in Python (`span_attributes`
   hands out the dict inside, to read);
 - writing a RERANKER span's ~300 outcome attributes: the SDK's ``set_attributes`` re-validates
   every value (a recursive ``_clean_attribute_value`` over the mapping) and stores key by key,
-  which profiled as the largest single cost a traced async call adds on the event loop (issue
-  26). `set_span_attributes` stores values that provably need no cleaning straight into the
+  which profiled as the largest single cost a traced async call adds on the event loop.
+  `set_span_attributes` stores values that provably need no cleaning straight into the
   span's attribute dict, under the span's and the dict's own locks, and hands anything else to
   the SDK.
 
-`tests/spans/test_otel_private.py` and `tests/spans/test_attribute_write.py` pin all six
+Whether metrics go anywhere (the metrics API's private placeholder provider and global slot)
+is asked in `retrieval_stage.metrics`, beside the instruments that need the answer.
+`tests/spans/test_otel_private.py` and `tests/spans/test_attribute_write.py` pin these four
 against the installed SDK, so a release that moves any of them fails those tests loudly instead
 of silently changing what the spans keep.
 """
@@ -33,12 +31,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from opentelemetry import metrics
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY, get_value
-from opentelemetry.metrics import NoOpMeterProvider
-from opentelemetry.metrics import _internal as _metrics_api
-from opentelemetry.metrics._internal import _ProxyMeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits
 from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.trace import Span
@@ -47,8 +41,6 @@ from opentelemetry.util.types import AttributeValue
 __all__ = [
     "SDK_DEFAULT_ATTRIBUTE_LIMIT",
     "attribute_limit",
-    "global_meter_provider",
-    "metrics_configured",
     "plain_attributes",
     "set_span_attributes",
     "span_attributes",
@@ -144,24 +136,3 @@ def plain_attributes(attributes: Mapping[str, AttributeValue]) -> bool:
         if type(value) not in clean or type(key) is not str or not key:
             return False
     return True
-
-
-def metrics_configured(meter_provider: metrics.MeterProvider | None) -> bool:
-    """True when points recorded through `meter_provider` (None: the global one, as it is now)
-    can reach a reader: not the API's no-op provider, nor its placeholder for a global
-    provider nobody has set yet."""
-    provider = metrics.get_meter_provider() if meter_provider is None else meter_provider
-    return not isinstance(provider, (NoOpMeterProvider, _ProxyMeterProvider))
-
-
-def global_meter_provider() -> metrics.MeterProvider | None:
-    """The global MeterProvider an application set, or None while none is set.
-
-    `metrics.get_meter_provider` answers the same, but while none is set it looks
-    ``OTEL_PYTHON_METER_PROVIDER`` up in ``os.environ`` on every call (to load a provider
-    named there), which a per-call check cannot afford (issue 26). That variable is honoured
-    all the same: the API loads the provider it names at its first lookup, which
-    `RerankMetrics` makes when it is built.
-    """
-    provider: metrics.MeterProvider | None = _metrics_api._METER_PROVIDER
-    return provider

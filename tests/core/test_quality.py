@@ -19,16 +19,18 @@ from scipy import stats
 from retrieval_stage import Candidate
 from retrieval_stage.models import recall_order
 from retrieval_stage.quality import (
-    ATTR_KENDALL_TAU,
-    ATTR_MAX_PROMOTION,
-    ATTR_SCORE_MARGIN,
-    ATTR_TOP_SCORE,
-    ATTR_TOPK_OVERLAP,
     RerankQuality,
     kendall_tau_b,
     max_promotion,
     rerank_quality,
     topk_overlap,
+)
+from retrieval_stage.spans.keys import (
+    ATTR_KENDALL_TAU,
+    ATTR_MAX_PROMOTION,
+    ATTR_SCORE_MARGIN,
+    ATTR_TOP_SCORE,
+    ATTR_TOPK_OVERLAP,
 )
 
 

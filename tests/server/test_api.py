@@ -228,3 +228,15 @@ def test_every_request_is_one_json_log_line_without_texts(lexical_server: Served
     assert last["shape"] == "tei"
     # Spans are made even when none are exported: the line carries the request's trace id.
     assert len(last["trace_id"]) == 32
+
+
+def test_a_refused_request_is_logged_with_the_status_and_type_it_was_answered(
+    lexical_server: Served,
+) -> None:
+    """The access-log line of a refusal says what the caller got: its status and TEI's error
+    type, the shape still unknown (refused while parsing) and no batch run."""
+    _error(post(lexical_server.url, {"query": QUERY, "texts": []}), 400, "Empty")
+    lines = [line for line in lexical_server.log_lines() if line["event"] == "server.request"]
+    last = lines[-1]
+    assert (last["status"], last["error_type"]) == (400, "Empty")
+    assert (last["shape"], last["texts"], last["batches"], last["tokens"]) == ("unknown", 0, 0, 0)

@@ -66,67 +66,6 @@ def test_the_sdks_own_exporters_suppress_with_the_same_key() -> None:
     assert "_SUPPRESS_INSTRUMENTATION_KEY" in inspect.getsource(span_export)
 
 
-def test_metrics_count_as_configured_only_with_a_real_meter_provider() -> None:
-    from opentelemetry.metrics import NoOpMeterProvider
-    from opentelemetry.sdk.metrics import MeterProvider
-
-    assert _otel_private.metrics_configured(MeterProvider())
-    assert not _otel_private.metrics_configured(NoOpMeterProvider())
-    # The global: the API's placeholder until an application sets one. In a fresh process, so
-    # that this suite's other tests (which may set a global provider) cannot decide it.
-    script = (
-        "from opentelemetry import metrics\n"
-        "from opentelemetry.sdk.metrics import MeterProvider\n"
-        "from retrieval_stage.spans.otel_private import metrics_configured\n"
-        "before = metrics_configured(None)\n"
-        "metrics.set_meter_provider(MeterProvider())\n"
-        "print(before, metrics_configured(None))\n"
-    )
-    assert _printed(script) == ["False", "True"]
-
-
-def test_the_global_meter_provider_is_read_from_the_apis_own_slot() -> None:
-    """`global_meter_provider` reads the API's private slot: None until set, then the provider;
-    `RerankMetrics.enabled` follows it (and OTEL_PYTHON_METER_PROVIDER, which the API loads at
-    the lookup `RerankMetrics` makes when built). In fresh processes: this suite's other tests
-    may set a global provider."""
-    import os
-
-    script = (
-        "from opentelemetry import metrics\n"
-        "from opentelemetry.sdk.metrics import MeterProvider\n"
-        "from retrieval_stage.metrics import RerankMetrics\n"
-        "from retrieval_stage.spans.otel_private import global_meter_provider\n"
-        "built = RerankMetrics()\n"
-        "before = (global_meter_provider() is None, built.enabled)\n"
-        "provider = MeterProvider()\n"
-        "metrics.set_meter_provider(provider)\n"
-        "print(*before, global_meter_provider() is provider, built.enabled)\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "OTEL_PYTHON_METER_PROVIDER"}
-    assert _printed(script, env) == ["True", "False", "True", "True"]
-    named = "from retrieval_stage.metrics import RerankMetrics\nprint(RerankMetrics().enabled)\n"
-    env["OTEL_PYTHON_METER_PROVIDER"] = "sdk_meter_provider"
-    assert _printed(named, env) == ["True"]
-
-
-def _printed(script: str, env: dict[str, str] | None = None) -> list[str]:
-    """The words `script` prints, run in a fresh interpreter (a global provider can be set
-    only once per process)."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        env=env,
-    )
-    return done.stdout.split()
-
-
 def test_the_span_dict_is_the_sdks_own() -> None:
     span: Any = TracerProvider().get_tracer("t").start_span("s", attributes={"a": 1})
     held = _otel_private.span_attributes(span)
