@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrieval_stage.breaker import BreakerState, CircuitBreaker, Permit, Transition
+from retrieval_stage.failover import BreakerState, CircuitBreaker, Permit, Transition
 
 
 class FakeClock:
