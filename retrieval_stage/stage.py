@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 import time
 from collections.abc import Sequence
 from operator import attrgetter, itemgetter
@@ -109,13 +108,10 @@ class RerankStage:
     ) -> None:
         if not callable(getattr(reranker, "rerank", None)):
             raise TypeError(f"reranker must have a rerank() method, got {type(reranker).__name__}")
-        if on_error not in ("fallback", "raise"):
-            raise ValueError(f"on_error must be 'fallback' or 'raise', got {on_error!r}")
+        validate.on_error(on_error)
         top_k = validate.top_k(top_k)
-        if min_score is not None and not math.isfinite(min_score):
-            raise ValueError(f"min_score must be a finite number, got {min_score!r}")
-        if max_content_length < 16:
-            raise ValueError(f"max_content_length must be >= 16 bytes, got {max_content_length}")
+        validate.min_score(min_score)
+        validate.max_content_length(max_content_length)
         self.reranker = reranker
         self.top_k = top_k or None
         self.model_name = model_name

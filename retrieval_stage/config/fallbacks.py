@@ -212,10 +212,7 @@ def _seconds_above_zero(raw: str, key: str) -> float:
 
 
 def _seconds(raw: str, key: str) -> float:
-    value = _number(raw, key)
-    if value < 0:
-        raise InvalidSetting(key, "must be a number of seconds >= 0", key)
-    return value
+    return validate.seconds(_number(raw, key), key)
 
 
 def _count(raw: str, key: str) -> int:
@@ -223,9 +220,7 @@ def _count(raw: str, key: str) -> int:
         value = int(raw)
     except ValueError:
         raise InvalidSetting(key, "must be an integer >= 1", key) from None
-    if value < 1:
-        raise InvalidSetting(key, "must be an integer >= 1", key)
-    return value
+    return validate.count(value, key)
 
 
 def _number(raw: str, key: str) -> float:
@@ -233,6 +228,4 @@ def _number(raw: str, key: str) -> float:
         value = float(raw)
     except ValueError:
         raise InvalidSetting(key, "must be a number of seconds", key) from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise InvalidSetting(key, "must be a finite number of seconds", key)
-    return value
+    return validate.finite_number(value, key, noun="number of seconds")
