@@ -6,7 +6,6 @@ when the reranker fails.
 """
 
 from ._version import __version__
-from .chain import AsyncRerankerChain, RerankerChain
 from .client import AsyncRerankClient, RerankClient
 from .client.providers import PROVIDERS
 from .errors import (
@@ -17,6 +16,7 @@ from .errors import (
     RerankStatusError,
     RerankTransportError,
 )
+from .failover import AsyncRerankerChain, RerankerChain
 from .models import Candidate, Reranked, RerankResponse, Usage
 from .null import AsyncNullReranker, NullReranker
 from .protocols import AsyncReranker, Reranker

@@ -161,7 +161,7 @@ class RerankResponse(Generic[T]):
     is each result's position in the items it was given, in the order of `results`.
     `RerankStage` takes them as they are only from a `ClientResponse` whose indices name its
     own candidates (`trusted_indices`); any other response's results are checked one by one
-    against the candidates (`stage.map_results`).
+    against the candidates (`protocols.map_results`).
     """
 
     results: list[tuple[T, float]]
@@ -197,7 +197,7 @@ def trusted_indices(items: Sequence[Any], response: RerankResponse[Any]) -> list
     are positions in the items its client was given, and a reranker wrapping our client may
     have given it a reordered or filtered copy. So they are taken only where each names the
     result's own item in `items` (``items[i] is item``, checked at C speed); any other answer
-    is for the caller to check result by result (`stage.map_results`).
+    is for the caller to check result by result (`protocols.map_results`).
     """
     indices = response.indices
     if type(response) is not ClientResponse or indices is None:

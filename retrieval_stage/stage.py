@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
-import numbers
 import time
 from collections.abc import Sequence
 from operator import attrgetter, itemgetter
@@ -33,11 +31,12 @@ from .models import (
     reranked_outputs,
     trusted_indices,
 )
+from .protocols import acall_reranker, call_reranker, map_results, str_attr
 from .quality import RerankQuality, rerank_quality
 from .spans.content import DEFAULT_MAX_CONTENT_BYTES
 from .spans.reranker import RerankerSpan, RerankerSpans, output_content_from_env
 
-__all__ = ["RerankStage", "StageOutcome", "map_results"]
+__all__ = ["RerankStage", "StageOutcome"]
 
 log = get_logger("retrieval_stage.stage")
 
@@ -49,34 +48,6 @@ class StageOutcome(NamedTuple):
 
     outputs: list[Reranked]
     fallback_cause: str | None
-
-
-def map_results(
-    candidates: Sequence[Candidate],
-    results: Sequence[tuple[Any, Any]],
-    top_k: int | None = None,
-) -> list[tuple[int, float]]:
-    """(input position, score) for each result, checked against the candidates given.
-
-    Any reranker's output passes through here: an item that is not one of the candidates (by
-    identity), a candidate returned more often than given, a malformed pair, a score that is
-    not a finite number, or fewer results than min(top_k, n) (a candidate silently dropped)
-    raises `RerankProtocolError`. Sorted best first, ties in input order.
-    """
-    wanted = len(candidates) if top_k is None else min(top_k, len(candidates))
-    if len(results) < wanted:
-        raise RerankProtocolError(
-            f"reranker returned {len(results)} results for {len(candidates)} candidates; "
-            f"expected {wanted}"
-        )
-    mapped = _mapped_plain(candidates, results)
-    if mapped is None:  # anything unusual: the checks below, result by result
-        mapped = _mapped_checked(candidates, results)
-    # Best first, ties in input order: a sort by position, then a stable sort by score
-    # descending (reverse=True keeps equal keys in order), both without a Python key function.
-    mapped.sort()
-    mapped.sort(key=itemgetter(1), reverse=True)
-    return mapped
 
 
 _CANDIDATE = frozenset((Candidate,))
@@ -94,64 +65,6 @@ def _indexed(
     if indices is None:
         return None
     return list(zip(indices, map(_SCORE, response.results), strict=True))
-
-
-def _mapped_plain(
-    candidates: Sequence[Candidate], results: Sequence[tuple[Any, Any]]
-) -> list[tuple[int, float]] | None:
-    """The common case in one pass: distinct candidates, each result an (item, float) tuple
-    naming a candidate not yet returned, every score finite. None when anything differs, so
-    that `_mapped_checked` finds and names the first offending result."""
-    positions = {id(candidate): i for i, candidate in enumerate(candidates)}
-    if len(positions) != len(candidates):  # one object given twice: positions are lists there
-        return None
-    take = positions.pop
-    mapped: list[tuple[int, float]] = []
-    append = mapped.append
-    for pair in results:
-        if type(pair) is not tuple or len(pair) != 2:
-            return None
-        i = take(id(pair[0]), None)
-        score = pair[1]
-        if i is None or type(score) is not float:
-            return None
-        append((i, score))
-    if not all(map(math.isfinite, map(itemgetter(1), mapped))):
-        return None
-    return mapped
-
-
-def _mapped_checked(
-    candidates: Sequence[Candidate], results: Sequence[tuple[Any, Any]]
-) -> list[tuple[int, float]]:
-    """(input position, score) per result, unsorted, each result checked in turn; raises
-    `RerankProtocolError` naming the first one that is not a valid answer."""
-    positions: dict[int, list[int]] = {}
-    for i, candidate in enumerate(candidates):
-        positions.setdefault(id(candidate), []).append(i)
-    mapped: list[tuple[int, float]] = []
-    for n, pair in enumerate(results):
-        if not isinstance(pair, tuple) or len(pair) != 2:
-            raise RerankProtocolError(f"reranker result {n} is not an (item, score) pair")
-        item, score = pair
-        free = positions.get(id(item))
-        if not free:
-            raise RerankProtocolError(
-                f"reranker result {n} is not one of the candidates given, or is returned twice"
-            )
-        if type(score) is float:  # the common case; the ABC check below is slow
-            value = score
-        elif isinstance(score, bool) or not isinstance(score, numbers.Real):
-            raise RerankProtocolError(f"reranker result {n}: score is a {type(score).__name__}")
-        else:
-            try:
-                value = float(score)
-            except OverflowError:
-                value = math.inf
-        if not math.isfinite(value):
-            raise RerankProtocolError(f"reranker result {n}: score is not a finite number")
-        mapped.append((free.pop(0), value))
-    return mapped
 
 
 class RerankStage:
@@ -195,13 +108,10 @@ class RerankStage:
     ) -> None:
         if not callable(getattr(reranker, "rerank", None)):
             raise TypeError(f"reranker must have a rerank() method, got {type(reranker).__name__}")
-        if on_error not in ("fallback", "raise"):
-            raise ValueError(f"on_error must be 'fallback' or 'raise', got {on_error!r}")
+        validate.on_error(on_error)
         top_k = validate.top_k(top_k)
-        if min_score is not None and not math.isfinite(min_score):
-            raise ValueError(f"min_score must be a finite number, got {min_score!r}")
-        if max_content_length < 16:
-            raise ValueError(f"max_content_length must be >= 16 bytes, got {max_content_length}")
+        validate.min_score(min_score)
+        validate.max_content_length(max_content_length)
         self.reranker = reranker
         self.top_k = top_k or None
         self.model_name = model_name
@@ -291,9 +201,9 @@ class RerankStage:
         return self._spans.start(
             query,
             cands,
-            model_name=self.model_name or _attr(self.reranker, "model_name"),
+            model_name=self.model_name or str_attr(self.reranker, "model_name"),
             top_k=top_k,
-            provider=_attr(self.reranker, "provider"),
+            provider=str_attr(self.reranker, "provider"),
         )
 
     def _call(
@@ -301,26 +211,16 @@ class RerankStage:
     ) -> RerankResponse[Candidate]:
         if not cands:
             return RerankResponse(results=[])
-        detailed = getattr(self.reranker, "rerank_response", None)
-        if callable(detailed):
-            result: RerankResponse[Candidate] = detailed(query, cands, text=_text, top_k=top_k)
-            return result
-        reranker = self.reranker  # sync here: checked by `run`
-        return RerankResponse(results=reranker.rerank(query, cands, text=_text, top_k=top_k))
+        # Sync here: checked by `run`.
+        return call_reranker(self.reranker, query, cands, text=_text, top_k=top_k)
 
     async def _acall(
         self, query: str, cands: list[Candidate], top_k: int | None
     ) -> RerankResponse[Candidate]:
         if not cands:
             return RerankResponse(results=[])
-        detailed = getattr(self.reranker, "rerank_response", None)
-        if callable(detailed):
-            result: RerankResponse[Candidate] = await detailed(
-                query, cands, text=_text, top_k=top_k
-            )
-            return result
-        reranker = self.reranker  # async here: checked by `arun`
-        return RerankResponse(results=await reranker.rerank(query, cands, text=_text, top_k=top_k))
+        # Async here: checked by `arun`.
+        return await acall_reranker(self.reranker, query, cands, text=_text, top_k=top_k)
 
     # -- outcomes ----------------------------------------------------------------------------
 
@@ -352,7 +252,7 @@ class RerankStage:
             return StageOutcome(outputs, None)
         recall = recall_order(cands)
         top1_changed = bool(outputs) and outputs[0].input_index != recall[0]
-        model = self.model_name or response.model or _attr(self.reranker, "model_name")
+        model = self.model_name or response.model or str_attr(self.reranker, "model_name")
         quality = self._quality(cands, scored, recall, top_k)
         span.succeeded(
             outputs,
@@ -368,8 +268,8 @@ class RerankStage:
         if metered and quality is not None:
             self._metrics.record_quality(
                 quality,
-                model=self.model_name or _attr(self.reranker, "model_name"),
-                provider=_attr(self.reranker, "provider"),
+                model=self.model_name or str_attr(self.reranker, "model_name"),
+                provider=str_attr(self.reranker, "provider"),
             )
         return StageOutcome(outputs, None)
 
@@ -397,13 +297,13 @@ class RerankStage:
         top_k: int | None,
     ) -> StageOutcome:
         """Fall back to recall order, or re-raise (the span manager then records the error)."""
-        model = self.model_name or _attr(self.reranker, "model_name")
+        model = self.model_name or str_attr(self.reranker, "model_name")
         log.warning(
             "rerank.fallback" if self.on_error == "fallback" else "rerank.failed",
             caused_by=type(exc).__name__,
             error=str(exc),
             documents=len(cands),
-            provider=_attr(self.reranker, "provider"),
+            provider=str_attr(self.reranker, "provider"),
             model=model,
         )
         spent: RerankResponse[Candidate] = RerankResponse(
@@ -445,7 +345,7 @@ class RerankStage:
             fallback=outcome == "fallback",
             top1_changed=top1_changed,
             model=self._metric_model(),
-            provider=_attr(self.reranker, "provider"),
+            provider=str_attr(self.reranker, "provider"),
         )
 
     def _metric_model(self) -> str | None:
@@ -455,18 +355,13 @@ class RerankStage:
         if self.model_name:
             return self.model_name
         if hasattr(self.reranker, "configured_model"):
-            return _attr(self.reranker, "configured_model")
-        return _attr(self.reranker, "model_name")
+            return str_attr(self.reranker, "configured_model")
+        return str_attr(self.reranker, "model_name")
 
 
 _text = attrgetter("text")
 """A candidate's text, for the reranker's ``text=``: at C speed (a `Candidate`'s text is a str,
 checked when it was made)."""
-
-
-def _attr(obj: Any, name: str) -> str | None:
-    value = getattr(obj, name, None)
-    return value if isinstance(value, str) else None
 
 
 def _checked(query: str, candidates: Sequence[Candidate]) -> list[Candidate]:

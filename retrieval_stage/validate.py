@@ -1,7 +1,8 @@
 """One rule per setting, checked once where the value enters the library.
 
-`RerankSettings` (and through it the CLI and the environment) and the clients apply these
-functions, so a value accepted in one place is accepted everywhere. A refusal raises
+`RerankSettings` (and through it the CLI and the environment), the clients, the stage, the
+chain's breakers and the server apply these functions, so a value accepted in one place is
+accepted everywhere. A refusal raises
 `InvalidSetting`, a `ValueError` whose `field` names the setting, so callers (the CLI maps it to
 an option, ``config`` to a variable) never parse the message. Messages never repeat an API key
 or an endpoint (either may carry a credential).
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Mapping
 from typing import Any, Literal, TypeAlias
 from urllib.parse import unquote, urlsplit
 
@@ -20,14 +22,20 @@ __all__ = [
     "InvalidSetting",
     "api_key",
     "batch_size",
+    "count",
     "endpoint",
     "env_flag",
     "finite_number",
     "header_name",
+    "max_content_length",
     "max_response_bytes",
+    "min_score",
+    "on_error",
     "provider",
     "relabelled",
+    "seconds",
     "split_credentials",
+    "stage_options",
     "timeout",
     "top_k",
 ]
@@ -55,21 +63,42 @@ class InvalidSetting(ValueError):
         super().__init__(f"{label or field} {reason}")
 
 
-def finite_number(value: Any, field: str, *, positive: bool = False, noun: str = "number") -> float:
-    """`value` as a float: an int or float, not a bool, finite (and > 0 when `positive`).
+def finite_number(
+    value: Any,
+    field: str,
+    *,
+    positive: bool = False,
+    nonnegative: bool = False,
+    noun: str = "number",
+) -> float:
+    """`value` as a float: an int or float, not a bool, finite (and > 0 when `positive`,
+    >= 0 when `nonnegative`).
 
     `noun` names what the number is in messages (``number of seconds``).
     """
-    bound = " > 0" if positive else ""
+    bound = " > 0" if positive else " >= 0" if nonnegative else ""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidSetting(field, f"must be a {noun}, got {type(value).__name__}")
     try:
         number = float(value)
     except OverflowError:  # an int too large for a float
         number = math.inf
-    if not math.isfinite(number) or (positive and number <= 0):
+    if not math.isfinite(number) or (positive and number <= 0) or (nonnegative and number < 0):
         raise InvalidSetting(field, f"must be a finite {noun}{bound}")
     return number
+
+
+def count(value: Any, field: str) -> int:
+    """A count of at least one (failures that open a circuit, texts per batch, queue places):
+    an int >= 1, not a bool."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidSetting(field, f"must be an integer >= 1, got {value!r}")
+    return value
+
+
+def seconds(value: Any, field: str) -> float:
+    """A span of time that may be zero (a breaker's cooldown): a finite number >= 0."""
+    return finite_number(value, field, nonnegative=True, noun="number of seconds")
 
 
 def api_key(value: Any, field: str = "api_key") -> str | None:
@@ -213,6 +242,46 @@ def top_k(value: Any, field: str = "top_k") -> int | None:
     if value < 0:
         raise InvalidSetting(field, f"must be >= 0 (0 means all), got {value}")
     return value or None
+
+
+ON_ERROR = ("fallback", "raise")
+"""What a stage does when its reranker fails: recall order, or re-raise."""
+
+MIN_CONTENT_BYTES = 16
+"""The smallest cap on a document's content on a span: room for a few characters and the
+truncation mark."""
+
+
+def on_error(value: Any, field: str = "on_error") -> str:
+    """The stage's failure mode: ``"fallback"`` (recall order) or ``"raise"``."""
+    if value not in ON_ERROR:
+        raise InvalidSetting(field, f"must be 'fallback' or 'raise', got {value!r}")
+    return str(value)
+
+
+def min_score(value: Any, field: str = "min_score") -> float | None:
+    """The score below which reranked outputs are dropped: None (keep all) or finite."""
+    if value is not None and not math.isfinite(value):
+        raise InvalidSetting(field, f"must be a finite number, got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
+def max_content_length(value: Any, field: str = "max_content_length") -> int:
+    """The cap on each document's content on a span, in UTF-8 bytes: at least 16."""
+    if value < MIN_CONTENT_BYTES:
+        raise InvalidSetting(field, f"must be >= {MIN_CONTENT_BYTES} bytes, got {value}")
+    return value  # type: ignore[no-any-return]
+
+
+def stage_options(options: Mapping[str, Any]) -> None:
+    """Check a `RerankStage`'s keyword options (``top_k``, ``on_error``, ``min_score``,
+    ``max_content_length``) with the stage's own rules, without building a stage: an adapter
+    checks them where it is constructed. Other options pass unchecked here."""
+    top_k(options.get("top_k"))
+    on_error(options.get("on_error", "fallback"))
+    min_score(options.get("min_score"))
+    if "max_content_length" in options:
+        max_content_length(options["max_content_length"])
 
 
 def relabelled(exc: InvalidSetting, label: str) -> InvalidSetting:

@@ -37,8 +37,8 @@ def measure(server: LocalServer, scale: Scale) -> dict[str, Any]:
 
     from retrieval_stage import RerankStage
     from retrieval_stage.models import Reranked, RerankResponse
+    from retrieval_stage.protocols import map_results
     from retrieval_stage.spans.fit import outcome_attributes
-    from retrieval_stage.stage import map_results
     from retrieval_stage.telemetry import DEFAULT_SPAN_ATTRIBUTE_LIMIT
     from retrieval_stage.telemetry.otlp_encoder import encode_spans_fast, sdk_serialize_spans
 

@@ -84,8 +84,8 @@ def measure(server: LocalServer, scale: Scale) -> dict[str, Any]:
 
     from retrieval_stage.metrics import RerankMetrics
     from retrieval_stage.models import recall_order
+    from retrieval_stage.protocols import map_results
     from retrieval_stage.quality import rerank_quality
-    from retrieval_stage.stage import map_results
 
     scenarios = _scenarios(random.Random(28))
     variants: dict[str, Callable[[], object]] = {}

@@ -20,11 +20,19 @@ from typing import Any
 from rich.text import Text
 
 from .._redact import scrubbed_message, shown_url
-from ..chain import RerankerChain
-from ..chain_config import FALLBACKS, ChainSettings, chain_values, make_chain, parse_fallbacks
 from ..client import RerankClient
-from ..config import LOCAL, RerankSettings, make_reranker
+from ..config import (
+    FALLBACKS,
+    LOCAL,
+    ChainSettings,
+    RerankSettings,
+    chain_values,
+    make_chain,
+    make_reranker,
+    parse_fallbacks,
+)
 from ..errors import RerankError
+from ..failover import RerankerChain
 from ..validate import InvalidSetting
 from .console import COMPOSE_HINT, EXIT_FAILURE, EXIT_USAGE, err, fail
 from .options import OPTION_OF_FIELD, RerankerChoice, RerankOptions

@@ -16,8 +16,9 @@ from typing import Generic, Literal, TypeVar
 
 import httpx
 
-from .. import shared_deadline, validate
+from .. import _deadline, validate
 from .._args import check_sendable, rank, snapshot
+from .._deadline import Deadline
 from .._redact import masked_url
 from ..errors import RerankClientClosedError
 from ..models import ClientResponse, RerankResponse
@@ -25,7 +26,6 @@ from .body import DEFAULT_MAX_RESPONSE_BYTES
 from .flow import Call
 from .plan import Learned, Plan
 from .providers import check_required_fields, get_format
-from .retry import Deadline
 from .steps import Pairs
 
 __all__ = ["CLOSED", "ClientCore"]
@@ -192,7 +192,7 @@ class ClientCore(Generic[H]):
         kept, texts, cap = snapshot(query, items, text, top_k)
         check_sendable(query, texts)
         # Inside a `RerankerChain` the call gets at most what the chain's deadline has left.
-        shared = shared_deadline.remaining()
+        shared = _deadline.remaining()
         seconds = self.timeout if shared is None else min(self.timeout, shared)
         deadline = Deadline(seconds, self._plan.clock)
         # `time.time` is looked up per call, so a test's fake clock reaches Retry-After dates.

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 from opentelemetry import trace
 
+from .._deadline import Deadline
 from .._log import get_logger
 from .._redact import Hay, clean, haystack, masked_url, shown_url, without_secrets_bytes
 from ..errors import (
@@ -39,7 +40,7 @@ from .providers import (
     expected_results,
     parse_response,
 )
-from .retry import Deadline, is_retryable_error, is_retryable_status, retry_wait
+from .retry import is_retryable_error, is_retryable_status, retry_wait
 from .sanitize import server_text
 from .steps import EXPIRED, Flow, Fork, Pairs, Reply, Send, Sleep, Step
 

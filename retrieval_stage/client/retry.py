@@ -1,4 +1,4 @@
-"""Retry policy as pure functions: what to retry, how long to wait, and the call's deadline.
+"""Retry policy as pure functions: what to retry and how long to wait.
 
 Kept free of I/O so every rule is unit-tested with an injected clock and randomness.
 
@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import email.utils
 import math
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import httpx
 
@@ -30,7 +28,6 @@ __all__ = [
     "BACKOFF_BASE_S",
     "BACKOFF_MAX_S",
     "RETRYABLE_STATUSES",
-    "Deadline",
     "backoff_delay",
     "is_retryable_error",
     "is_retryable_status",
@@ -147,28 +144,3 @@ def retry_wait(
     if wait >= remaining:
         return None
     return wait
-
-
-@dataclass
-class Deadline:
-    """One total time budget for a call, over every attempt and every sub-batch.
-
-    httpx only has per-phase timeouts (encode/httpx#1450), so the client asks the deadline
-    for the time left before each request and before each wait.
-    """
-
-    seconds: float
-    clock: Callable[[], float] = time.monotonic
-    started: float = math.nan
-
-    def __post_init__(self) -> None:
-        if math.isnan(self.started):
-            self.started = self.clock()
-
-    def remaining(self) -> float:
-        """Seconds left, never negative."""
-        return max(self.seconds - (self.clock() - self.started), 0.0)
-
-    def expired(self) -> bool:
-        """Whether no time is left."""
-        return self.remaining() <= 0.0

@@ -8,15 +8,19 @@ the reranker is built from `RerankSettings`, so an async framework call gets a r
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 from collections.abc import Mapping
 from typing import Any
 
-from retrieval_stage import NullReranker, RerankStage
+from retrieval_stage import RerankStage, validate
 from retrieval_stage.config import RerankSettings, make_async_reranker, make_reranker
 
 __all__ = ["RERANKED", "RETRIEVAL_SCORE", "Stages", "candidate_id", "recall_score"]
+
+_STAGE_SIGNATURE = inspect.signature(RerankStage)
+"""`RerankStage`'s keywords, to refuse an option it does not take."""
 
 RETRIEVAL_SCORE = "retrieval_score"
 """Metadata key of the recall score on every document an adapter returns."""
@@ -60,7 +64,10 @@ class Stages:
         else:
             if self.settings is None:
                 self.settings = RerankSettings.from_env()
-            RerankStage(NullReranker(), **self.options)  # checks the options; sends nothing
+            # A misspelt option fails here as it would building the stage (TypeError), a bad
+            # value with the stage's own rule (`InvalidSetting`); no stage is built.
+            _STAGE_SIGNATURE.bind(None, **self.options)
+            validate.stage_options(self.options)
 
     @property
     def top_k(self) -> int | None:

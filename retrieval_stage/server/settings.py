@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
-import math
 from dataclasses import dataclass
+
+from .. import validate
 
 __all__ = ["RERANKERS", "ServerSettings", "is_loopback"]
 
@@ -20,11 +21,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:  # a host name: only "localhost" is known to stay on this machine
         return False
-
-
-def _positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +63,11 @@ class ServerSettings:
             "payload_limit",
             "model_batch_size",
         ):
-            _positive(name, getattr(self, name))
+            validate.count(getattr(self, name), name)
         if self.model_threads is not None:
-            _positive("model_threads", self.model_threads)
+            validate.count(self.model_threads, "model_threads")
         if isinstance(self.embedding_cache, bool) or self.embedding_cache < 0:
             raise ValueError(f"embedding_cache must be >= 0, got {self.embedding_cache!r}")
-        wait = self.batch_wait_ms
-        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not math.isfinite(wait):
-            raise ValueError(f"batch_wait_ms must be a finite number, got {wait!r}")
+        wait = validate.finite_number(self.batch_wait_ms, "batch_wait_ms")
         if not 0 <= wait <= 1000:
             raise ValueError(f"batch_wait_ms must be between 0 and 1000, got {wait!r}")

@@ -16,12 +16,12 @@ import httpx
 import pytest
 
 from retrieval_stage import RerankClient, RerankStatusError, RerankTransportError
+from retrieval_stage._deadline import Deadline
 from retrieval_stage.client import core as client_core
 from retrieval_stage.client import sync as sync_client
 from retrieval_stage.client.retry import (
     BACKOFF_BASE_S,
     BACKOFF_MAX_S,
-    Deadline,
     backoff_delay,
     is_retryable_error,
     is_retryable_status,

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrieval_stage.breaker import BreakerState, CircuitBreaker, Permit, Transition
+from retrieval_stage.failover import BreakerState, CircuitBreaker, Permit, Transition
+from retrieval_stage.validate import InvalidSetting
 
 
 class FakeClock:
@@ -210,6 +211,31 @@ def test_a_stale_outcome_from_before_a_change_is_ignored() -> None:
 def test_bad_settings_are_refused(threshold: object, cooldown: object) -> None:
     with pytest.raises(ValueError, match=r"failure_threshold|cooldown"):
         CircuitBreaker(threshold, cooldown)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("threshold", "cooldown", "field"),
+    [
+        (0, 1.0, "failure_threshold"),
+        (True, 1.0, "failure_threshold"),
+        (1.5, 1.0, "failure_threshold"),
+        (1, -1.0, "cooldown"),
+        (1, float("inf"), "cooldown"),
+        (1, "1", "cooldown"),
+    ],
+)
+def test_a_refused_setting_is_an_invalid_setting_naming_it(
+    threshold: object, cooldown: object, field: str
+) -> None:
+    """The breaker applies the shared count and seconds rules: `InvalidSetting` with `field`."""
+    with pytest.raises(InvalidSetting) as refused:
+        CircuitBreaker(threshold, cooldown)  # type: ignore[arg-type]
+    assert refused.value.field == field
+    assert str(refused.value).startswith(f"{field} must be")
+
+
+def test_zero_cooldown_is_allowed() -> None:
+    assert CircuitBreaker(1, 0).cooldown == 0.0
 
 
 def test_threads_never_get_two_probes_out_at_once() -> None:

@@ -22,7 +22,7 @@ from retrieval_stage import (
     RerankError,
     RerankStage,
 )
-from retrieval_stage.breaker import BreakerState
+from retrieval_stage.failover import BreakerState
 from tests.hooks import hooked_chain
 
 T = TypeVar("T")

@@ -11,8 +11,7 @@ from structlog.testing import capture_logs
 
 from retrieval_stage import Candidate, RerankClient, RerankerChain, RerankStage
 from retrieval_stage._log import message
-from retrieval_stage.chain_config import ChainSettings, make_chain, parse_fallbacks
-from retrieval_stage.config import make_reranker
+from retrieval_stage.config import ChainSettings, make_chain, make_reranker, parse_fallbacks
 from retrieval_stage.null import NullReranker
 from retrieval_stage.validate import InvalidSetting
 

@@ -30,8 +30,8 @@ from retrieval_stage import Candidate, RerankStage
 from retrieval_stage.errors import RerankProtocolError
 from retrieval_stage.metrics import RerankMetrics
 from retrieval_stage.models import Reranked, recall_order, reranked_outputs
+from retrieval_stage.protocols import _mapped_checked, _mapped_plain, map_results
 from retrieval_stage.spans.content import output_value
-from retrieval_stage.stage import _mapped_checked, _mapped_plain, map_results
 
 from ..fakes import ByLength
 

@@ -23,7 +23,7 @@ from retrieval_stage import Candidate, RerankClient, RerankResponse, RerankStage
 from retrieval_stage._args import rank, snapshot
 from retrieval_stage.client.steps import Pairs
 from retrieval_stage.models import ClientResponse
-from retrieval_stage.stage import map_results
+from retrieval_stage.protocols import map_results
 
 
 class _Lying:

@@ -22,8 +22,12 @@ from retrieval_stage import (
     RerankStage,
     RerankTransportError,
     Usage,
+    validate,
 )
+from retrieval_stage.config import RerankSettings
+from retrieval_stage.integrations._common import Stages
 from retrieval_stage.null import AsyncNullReranker
+from retrieval_stage.validate import InvalidSetting
 
 from ..fakes import ByLength, Failing, FixedScores
 
@@ -228,3 +232,59 @@ def test_min_score_is_not_applied_to_the_recall_order_fallback() -> None:
 def test_min_score_must_be_finite(bad: float) -> None:
     with pytest.raises(ValueError, match="min_score must be a finite number"):
         RerankStage(NullReranker(), min_score=bad)
+
+
+BAD_STAGE_OPTIONS = [
+    ("on_error", "ignore"),
+    ("min_score", float("nan")),
+    ("max_content_length", 8),
+    ("top_k", -1),
+]
+
+
+@pytest.mark.parametrize(("option", "bad"), BAD_STAGE_OPTIONS)
+def test_a_bad_stage_option_is_refused_alike_by_the_stage_and_by_its_rule(
+    option: str, bad: Any
+) -> None:
+    """One rule per option: the stage and `validate.stage_options` refuse the same value with
+    the same `InvalidSetting` (still a ValueError), whose field names the option."""
+    with pytest.raises(InvalidSetting) as by_stage:
+        RerankStage(NullReranker(), **{option: bad})
+    with pytest.raises(InvalidSetting) as by_rule:
+        validate.stage_options({option: bad})
+    assert by_stage.value.field == by_rule.value.field == option
+    assert str(by_stage.value) == str(by_rule.value)
+    assert str(by_stage.value).startswith(f"{option} must be")
+    assert isinstance(by_stage.value, ValueError)
+
+
+def test_good_stage_options_pass_their_rules() -> None:
+    validate.stage_options(
+        {"top_k": 0, "on_error": "raise", "min_score": 0.5, "max_content_length": 16}
+    )
+    validate.stage_options({})
+
+
+@pytest.mark.parametrize(("option", "bad"), BAD_STAGE_OPTIONS)
+def test_an_adapter_from_settings_checks_its_stage_options_without_building_a_stage(
+    option: str, bad: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Adapters built from settings make their stage on first use; a bad option still fails
+    where the adapter is constructed, by the stage's own rule, with no stage made for it."""
+    built: list[object] = []
+    real_init = RerankStage.__init__
+
+    def counting(self: RerankStage, *args: Any, **kwargs: Any) -> None:
+        built.append(self)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(RerankStage, "__init__", counting)
+    with pytest.raises(InvalidSetting) as refused:
+        Stages(None, top_k=None, settings=RerankSettings(), stage_options={option: bad})
+    assert refused.value.field == option
+    with pytest.raises(TypeError, match="min_scor"):
+        Stages(None, top_k=None, settings=RerankSettings(), stage_options={"min_scor": 0.1})
+    stages = Stages(None, top_k=2, settings=RerankSettings(), stage_options={"min_score": 0.1})
+    assert built == []
+    assert stages.sync().min_score == 0.1
+    assert len(built) == 1

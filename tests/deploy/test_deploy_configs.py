@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from ruamel.yaml import YAML
 
 from retrieval_stage import Candidate, RerankError, RerankStage
-from retrieval_stage.chain import RerankerChain
+from retrieval_stage.failover import RerankerChain
 
 from ..fakes import ByLength, Failing
 

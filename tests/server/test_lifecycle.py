@@ -12,6 +12,7 @@ import pytest
 from retrieval_stage.server import ServerSettings, serve
 from retrieval_stage.server.run import NotLoopbackError
 from retrieval_stage.server.settings import is_loopback
+from retrieval_stage.validate import InvalidSetting
 
 from .served import ROOT, SCRIPT, Served, server_env, start_server, wait_healthy
 
@@ -137,3 +138,22 @@ def test_a_port_in_use_fails_the_command(lexical_server: Served) -> None:
     done = _command("--reranker", "lexical", "--port", port)
     assert done.returncode != 0
     assert "address already in use" in done.stderr.lower()
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [
+        ("max_queue", 0),
+        ("max_client_batch_size", True),
+        ("max_batch_tokens", 1.5),
+        ("model_threads", -2),
+        ("batch_wait_ms", float("nan")),
+    ],
+)
+def test_a_count_or_number_setting_that_cannot_be_used_is_refused_naming_it(
+    field: str, bad: object
+) -> None:
+    """The server's counts and its batch wait follow the library's shared rules."""
+    with pytest.raises(InvalidSetting) as refused:
+        ServerSettings(**{field: bad})  # type: ignore[arg-type]
+    assert refused.value.field == field

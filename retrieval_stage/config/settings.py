@@ -1,4 +1,4 @@
-"""Choosing a reranker from configuration: `RerankSettings` and the factories.
+"""How to reach one rerank service: `RerankSettings`, and its reading of ``RERANK_*``.
 
 Reranking is off until an operator sets ``RERANK_ENDPOINT``: an empty endpoint selects the
 `NullReranker`, which keeps the caller's order. Configuration that cannot be read (a bad
@@ -24,8 +24,10 @@ Variables (all optional):
 ``RERANK_BATCH_SIZE``      texts per request: a positive integer, ``auto`` (ask TEI's
                            ``/info``), or empty for the provider's documented cap
 ``RERANK_FALLBACKS``       tiers tried after this one, each behind a circuit breaker
-                           (`chain_config`: the list's form, ``RERANK_API_KEY_<n>``,
+                           (`config.fallbacks`: the list's form, ``RERANK_API_KEY_<n>``,
                            ``RERANK_CHAIN_TIMEOUT``, ``RERANK_BREAKER_*``)
+
+The factories that turn settings into a reranker are in `config.factories`.
 """
 
 from __future__ import annotations
@@ -33,30 +35,29 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
-from . import validate
-from ._log import get_logger
-from ._redact import masked_url
-from .client import AsyncRerankClient, RerankClient
-from .client.providers import PROVIDERS, check_required_fields
-from .null import AsyncNullReranker, NullReranker
-from .validate import BatchSize, InvalidSetting
+from .. import validate
+from .._log import get_logger
+from .._redact import masked_url
+from ..client.providers import PROVIDERS, check_required_fields
+from ..validate import BatchSize, InvalidSetting
 
 __all__ = [
+    "API_KEY",
+    "API_KEY_HEADER",
+    "BATCH_SIZE",
+    "DEFAULT_TIMEOUT_S",
+    "ENDPOINT",
     "ENV_KEYS",
+    "LOCAL",
+    "MODEL",
+    "PROVIDER",
+    "TIMEOUT",
     "RerankSettings",
-    "make_async_reranker",
-    "make_reranker",
 ]
 
 log = get_logger("retrieval_stage.config")
-
-_L = TypeVar("_L")
-
-if TYPE_CHECKING:
-    from .chain import AsyncRerankerChain, RerankerChain
-    from .local import AsyncCrossEncoderReranker, CrossEncoderReranker
 
 ENDPOINT = "RERANK_ENDPOINT"
 PROVIDER = "RERANK_PROVIDER"
@@ -65,29 +66,14 @@ API_KEY = "RERANK_API_KEY"
 API_KEY_HEADER = "RERANK_API_KEY_HEADER"
 TIMEOUT = "RERANK_TIMEOUT"
 BATCH_SIZE = "RERANK_BATCH_SIZE"
-FALLBACKS = "RERANK_FALLBACKS"
 
 LOCAL = validate.LOCAL_PROVIDER
 """The provider that runs a cross-encoder in process (the [local] extra); takes no endpoint."""
 
 _KNOWN_PROVIDERS = (*PROVIDERS, LOCAL)
 
-ENV_KEYS = (ENDPOINT, PROVIDER, MODEL, API_KEY, API_KEY_HEADER, TIMEOUT, BATCH_SIZE)
-"""Every environment variable `RerankSettings.from_env` reads."""
-
-_FIELD_OF = {
-    ENDPOINT: "endpoint",
-    PROVIDER: "provider",
-    MODEL: "model",
-    API_KEY: "api_key",
-    API_KEY_HEADER: "api_key_header",
-    TIMEOUT: "timeout",
-    BATCH_SIZE: "batch_size",
-}
-
-_SHOW_VALUE = frozenset({PROVIDER, API_KEY_HEADER, TIMEOUT, BATCH_SIZE})
-"""Variables whose bad value may appear in a warning: never the key, never the endpoint (it
-may carry credentials in its userinfo)."""
+DEFAULT_TIMEOUT_S = 30.0
+"""Seconds for a whole call when ``RERANK_TIMEOUT`` is unset (the clients' own default)."""
 
 # -- one check per field, shared by the dataclass and the environment reader -------------------
 # Text from the environment (or a str given to the dataclass) is normalised here (stripped,
@@ -134,7 +120,7 @@ def _timeout(value: Any) -> float:
     if isinstance(value, str):
         text = value.strip()
         if not text:
-            return 30.0
+            return DEFAULT_TIMEOUT_S
         try:
             value = float(text)
         except ValueError:
@@ -159,15 +145,33 @@ def _batch_size(value: Any) -> BatchSize:
     return validate.batch_size(value)
 
 
-_CHECKS: dict[str, Callable[[Any], Any]] = {
-    ENDPOINT: _endpoint,
-    PROVIDER: _provider,
-    MODEL: _model,
-    API_KEY: _api_key,
-    API_KEY_HEADER: _api_key_header,
-    TIMEOUT: _timeout,
-    BATCH_SIZE: _batch_size,
-}
+@dataclass(frozen=True, slots=True)
+class _Variable:
+    """One ``RERANK_*`` variable: the `RerankSettings` field it sets, the check that reads
+    it, and whether its bad value may appear in a warning (never the key, never the endpoint:
+    it may carry credentials in its userinfo)."""
+
+    key: str
+    field: str
+    check: Callable[[Any], Any]
+    show_value: bool
+
+
+_VARIABLES = (
+    _Variable(ENDPOINT, "endpoint", _endpoint, show_value=False),
+    _Variable(PROVIDER, "provider", _provider, show_value=True),
+    _Variable(MODEL, "model", _model, show_value=False),
+    _Variable(API_KEY, "api_key", _api_key, show_value=False),
+    _Variable(API_KEY_HEADER, "api_key_header", _api_key_header, show_value=True),
+    _Variable(TIMEOUT, "timeout", _timeout, show_value=True),
+    _Variable(BATCH_SIZE, "batch_size", _batch_size, show_value=True),
+)
+"""Every variable `RerankSettings.from_env` reads, in the order it checks them."""
+
+_BY_KEY = {v.key: v for v in _VARIABLES}
+
+ENV_KEYS = tuple(_BY_KEY)
+"""Every environment variable `RerankSettings.from_env` reads."""
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -185,14 +189,14 @@ class RerankSettings:
     model: str | None = None
     api_key: str | None = None
     api_key_header: str = ""
-    timeout: float = 30.0
+    timeout: float = DEFAULT_TIMEOUT_S
     batch_size: BatchSize = None
 
     def __post_init__(self) -> None:
-        for key, check in _CHECKS.items():
-            name = _FIELD_OF[key]
+        for variable in _VARIABLES:
+            name = variable.field
             try:
-                value = check(getattr(self, name))
+                value = variable.check(getattr(self, name))
             except InvalidSetting as exc:
                 raise validate.relabelled(exc, f"RerankSettings.{name}") from None
             object.__setattr__(self, name, value)
@@ -249,12 +253,12 @@ class RerankSettings:
             return cls()
         values: dict[str, Any] = {}
         problems: list[tuple[str, str]] = []
-        for key, check in _CHECKS.items():
-            raw = environ.get(key, "")
+        for variable in _VARIABLES:
+            raw = environ.get(variable.key, "")
             try:
-                values[_FIELD_OF[key]] = check(raw)
+                values[variable.field] = variable.check(raw)
             except InvalidSetting as exc:
-                problems.append((key, exc.reason))
+                problems.append((variable.key, exc.reason))
         if local and values.get("endpoint"):
             problems.append((ENDPOINT, "must be empty with RERANK_PROVIDER=local"))
         fmt = PROVIDERS.get(values.get("provider", ""))
@@ -269,84 +273,11 @@ class RerankSettings:
         if strict:
             others = ", ".join(k for k, _ in problems[1:])
             more = f" (also invalid: {others})" if others else ""
-            raise InvalidSetting(_FIELD_OF[key], reason + more, key)
+            raise InvalidSetting(_BY_KEY[key].field, reason + more, key)
         fields: dict[str, Any] = {"key": key, "reason": reason, "fallback": "NullReranker"}
-        if key in _SHOW_VALUE:
+        if _BY_KEY[key].show_value:
             fields["value"] = environ.get(key, "")[:60]
         if len(problems) > 1:
             fields["invalid_keys"] = [k for k, _ in problems]
         log.warning("rerank.config_invalid", **fields)
         return cls()
-
-
-def make_reranker(
-    settings: RerankSettings | None = None, *, strict: bool = False
-) -> RerankClient | NullReranker | CrossEncoderReranker | RerankerChain:
-    """A `RerankClient` for `settings` (default: `RerankSettings.from_env`), else `NullReranker`.
-
-    ``RERANK_PROVIDER=local`` (no endpoint) gives the in-process `CrossEncoderReranker` with
-    ``RERANK_MODEL`` (default ``cross-encoder/ms-marco-MiniLM-L-6-v2``); without the [local]
-    extra that fails open to `NullReranker` like any unreadable configuration.
-
-    Read from the environment with ``RERANK_FALLBACKS`` set, the result is a `RerankerChain`
-    over the primary and the fallbacks (`chain_config.make_chain`).
-
-    `strict` applies when reading the environment: see `RerankSettings.from_env`. Close the
-    result when done (``with make_reranker() as reranker: ...`` works for both kinds).
-    """
-    if settings is None and os.environ.get(FALLBACKS, "").strip():
-        from .chain_config import make_chain
-
-        return make_chain(strict=strict)
-    if settings is None:
-        settings = RerankSettings.from_env(strict=strict)
-    if not settings.enabled:
-        return NullReranker()
-    if settings.provider == LOCAL:
-        from .local import CrossEncoderReranker
-
-        return _local(CrossEncoderReranker, settings, strict) or NullReranker()
-    return RerankClient(settings.endpoint, **settings.client_kwargs())
-
-
-def make_async_reranker(
-    settings: RerankSettings | None = None, *, strict: bool = False
-) -> AsyncRerankClient | AsyncNullReranker | AsyncCrossEncoderReranker | AsyncRerankerChain:
-    """The awaitable twin of `make_reranker`: `AsyncRerankClient`, else `AsyncNullReranker`.
-
-    The null choice is awaitable too, so ``await reranker.rerank(...)`` works whichever is
-    configured (``async with make_async_reranker() as reranker: ...`` as well).
-    """
-    if settings is None and os.environ.get(FALLBACKS, "").strip():
-        from .chain_config import make_async_chain
-
-        return make_async_chain(strict=strict)
-    if settings is None:
-        settings = RerankSettings.from_env(strict=strict)
-    if not settings.enabled:
-        return AsyncNullReranker()
-    if settings.provider == LOCAL:
-        from .local import AsyncCrossEncoderReranker
-
-        return _local(AsyncCrossEncoderReranker, settings, strict) or AsyncNullReranker()
-    return AsyncRerankClient(settings.endpoint, **settings.client_kwargs())
-
-
-def _local(factory: Callable[..., _L], settings: RerankSettings, strict: bool) -> _L | None:
-    """The in-process cross-encoder (loaded lazily), or None when its extra is missing."""
-    from .local import DEFAULT_LOCAL_MODEL, TORCH_INSTALL_HINT
-
-    try:
-        return factory(settings.model or DEFAULT_LOCAL_MODEL)
-    except ImportError:
-        reason = f"needs sentence-transformers (the [torch] extra): {TORCH_INSTALL_HINT}"
-        if strict:
-            raise InvalidSetting("provider", reason, f"{PROVIDER}=local") from None
-        log.warning(
-            "rerank.config_invalid",
-            key=PROVIDER,
-            value=LOCAL,
-            reason=reason,
-            fallback="NullReranker",
-        )
-        return None

@@ -1,4 +1,4 @@
-"""A `RerankerChain` from configuration: the primary from ``RERANK_*``, fallbacks from a list.
+"""A chain's settings from configuration: the primary from ``RERANK_*``, fallbacks from a list.
 
 The primary tier is what `RerankSettings.from_env` reads today (``RERANK_ENDPOINT``,
 ``RERANK_PROVIDER``, ``RERANK_MODEL``, ``RERANK_API_KEY``...). ``RERANK_FALLBACKS`` lists the
@@ -23,7 +23,7 @@ one ``rerank.config_invalid`` warning naming it (``RERANK_FALLBACKS entry 2 (htt
 provider 'tie' is not one of: ...``; never a key, and an endpoint only without credentials), a
 bad chain setting keeps its default; ``strict=True`` raises `InvalidSetting` instead. The list
 is read only when the primary is configured: an empty ``RERANK_ENDPOINT`` turns reranking off,
-whatever else is set.
+whatever else is set. `config.factories.make_chain` builds the chain from these settings.
 """
 
 from __future__ import annotations
@@ -34,15 +34,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import validate
-from ._log import get_logger
-from ._redact import shown_url
-from .breaker import DEFAULT_COOLDOWN_S, DEFAULT_FAILURE_THRESHOLD
-from .chain import DEFAULT_CHAIN_TIMEOUT_S, AsyncRerankerChain, RerankerChain
-from .config import FALLBACKS as CONFIG_FALLBACKS
-from .config import LOCAL, RerankSettings, make_async_reranker, make_reranker
-from .null import AsyncNullReranker, NullReranker
-from .validate import InvalidSetting
+from .. import validate
+from .._log import get_logger
+from .._redact import shown_url
+from ..failover import DEFAULT_CHAIN_TIMEOUT_S, DEFAULT_COOLDOWN_S, DEFAULT_FAILURE_THRESHOLD
+from ..validate import InvalidSetting
+from .settings import DEFAULT_TIMEOUT_S, LOCAL, RerankSettings
 
 __all__ = [
     "BREAKER_COOLDOWN",
@@ -54,14 +51,13 @@ __all__ = [
     "FALLBACK_API_KEY",
     "ChainSettings",
     "chain_values",
-    "make_async_chain",
-    "make_chain",
     "parse_fallbacks",
 ]
 
 log = get_logger("retrieval_stage.config")
 
-FALLBACKS = CONFIG_FALLBACKS
+FALLBACKS = "RERANK_FALLBACKS"
+"""The tiers tried after the primary, in order (the list's form: this module's docstring)."""
 CHAIN_TIMEOUT = "RERANK_CHAIN_TIMEOUT"
 BREAKER_FAILURES = "RERANK_BREAKER_FAILURES"
 BREAKER_COOLDOWN = "RERANK_BREAKER_COOLDOWN"
@@ -69,7 +65,7 @@ FALLBACK_API_KEY = "RERANK_API_KEY_{n}"
 """Where the n-th fallback's API key is read from (1-based), never from the list itself."""
 
 CHAIN_ENV_KEYS = (FALLBACKS, CHAIN_TIMEOUT, BREAKER_FAILURES, BREAKER_COOLDOWN)
-"""The chain's own variables (besides `config.ENV_KEYS` and ``RERANK_API_KEY_<n>``)."""
+"""The chain's own variables (besides `settings.ENV_KEYS` and ``RERANK_API_KEY_<n>``)."""
 
 ENTRY_FIELDS = ("endpoint", "provider", "model", "timeout", "batch_size", "api_key_header")
 """The fields a ``RERANK_FALLBACKS`` entry may set."""
@@ -150,7 +146,7 @@ def chain_values(
 
 
 def parse_fallbacks(
-    text: str, environ: Mapping[str, str] = os.environ, *, timeout: float = 30.0
+    text: str, environ: Mapping[str, str] = os.environ, *, timeout: float = DEFAULT_TIMEOUT_S
 ) -> tuple[list[RerankSettings], list[InvalidSetting]]:
     """The tiers ``RERANK_FALLBACKS`` lists, and an `InvalidSetting` for each entry that
     cannot be used (its message names the entry: ``RERANK_FALLBACKS entry 2 (URL): ...``).
@@ -216,10 +212,7 @@ def _seconds_above_zero(raw: str, key: str) -> float:
 
 
 def _seconds(raw: str, key: str) -> float:
-    value = _number(raw, key)
-    if value < 0:
-        raise InvalidSetting(key, "must be a number of seconds >= 0", key)
-    return value
+    return validate.seconds(_number(raw, key), key)
 
 
 def _count(raw: str, key: str) -> int:
@@ -227,9 +220,7 @@ def _count(raw: str, key: str) -> int:
         value = int(raw)
     except ValueError:
         raise InvalidSetting(key, "must be an integer >= 1", key) from None
-    if value < 1:
-        raise InvalidSetting(key, "must be an integer >= 1", key)
-    return value
+    return validate.count(value, key)
 
 
 def _number(raw: str, key: str) -> float:
@@ -237,31 +228,4 @@ def _number(raw: str, key: str) -> float:
         value = float(raw)
     except ValueError:
         raise InvalidSetting(key, "must be a number of seconds", key) from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise InvalidSetting(key, "must be a finite number of seconds", key)
-    return value
-
-
-def make_chain(
-    settings: ChainSettings | None = None, *, strict: bool = False
-) -> RerankerChain | NullReranker:
-    """A `RerankerChain` over every configured tier (default: `ChainSettings.from_env`), or
-    `NullReranker` when no tier is configured. Close it when done (it closes its tiers)."""
-    if settings is None:
-        settings = ChainSettings.from_env(strict=strict)
-    if not settings.tiers:
-        return NullReranker()
-    tiers = [make_reranker(tier, strict=strict) for tier in settings.tiers]
-    return RerankerChain(tiers, **settings.chain_kwargs())
-
-
-def make_async_chain(
-    settings: ChainSettings | None = None, *, strict: bool = False
-) -> AsyncRerankerChain | AsyncNullReranker:
-    """The awaitable twin of `make_chain`."""
-    if settings is None:
-        settings = ChainSettings.from_env(strict=strict)
-    if not settings.tiers:
-        return AsyncNullReranker()
-    tiers = [make_async_reranker(tier, strict=strict) for tier in settings.tiers]
-    return AsyncRerankerChain(tiers, **settings.chain_kwargs())
+    return validate.finite_number(value, key, noun="number of seconds")

@@ -17,11 +17,12 @@ are returned as `Transition` values; the caller logs them, outside the lock.
 from __future__ import annotations
 
 import enum
-import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from .. import validate
 
 __all__ = [
     "DEFAULT_COOLDOWN_S",
@@ -64,23 +65,6 @@ class Transition:
     failures: int
 
 
-def _count(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
-
-
-def _seconds(value: object, name: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value < 0
-    ):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-    return float(value)
-
-
 class CircuitBreaker:
     """A per-tier circuit: closed, open (skip, no request) or half-open (one probe)."""
 
@@ -91,8 +75,8 @@ class CircuitBreaker:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.failure_threshold = _count(failure_threshold, "failure_threshold")
-        self.cooldown = _seconds(cooldown, "cooldown")
+        self.failure_threshold = validate.count(failure_threshold, "failure_threshold")
+        self.cooldown = validate.seconds(cooldown, "cooldown")
         self._clock = clock
         self._lock = threading.Lock()
         self._state = BreakerState.closed

@@ -6,7 +6,7 @@ contract (an item it was not given, a duplicate, a non-finite score), hands the 
 next. Each tier has its own `CircuitBreaker`: after `failure_threshold` consecutive failures it
 is skipped with no request at all, and after `cooldown` seconds one call probes it again. All
 tiers share one `timeout`: each of our clients takes the smaller of its own timeout and what
-the chain's deadline has left (`shared_deadline`), so a hanging primary bounded by its own
+the chain's deadline has left (`_deadline.sharing`), so a hanging primary bounded by its own
 shorter timeout leaves the rest to the next tier. Only when every tier failed or was skipped
 does the chain raise `RerankChainError`, and `RerankStage` falls back to recall order.
 
@@ -27,7 +27,7 @@ import inspect
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 import anyio
 from openinference.semconv.trace import RerankerAttributes
@@ -35,10 +35,22 @@ from opentelemetry import trace
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.util.types import AttributeValue
 
-from . import shared_deadline, validate
-from ._args import snapshot
-from ._log import get_logger
-from ._redact import LIMIT, Hay, clean, scrubbed_message, shown_url
+from .. import _deadline, validate
+from .._args import snapshot
+from .._deadline import Deadline
+from .._log import get_logger
+from .._redact import LIMIT, Hay, clean, scrubbed_message, shown_url
+from ..errors import (
+    RerankChainError,
+    RerankError,
+    RerankProtocolError,
+    RerankTransportError,
+    TierFailure,
+)
+from ..metrics import ChainMetrics
+from ..models import RerankResponse, trusted_indices
+from ..protocols import acall_reranker, call_reranker, checked_answer, str_attr
+from ..spans.keys import ATTR_PROVIDER, ATTR_TIER
 from .breaker import (
     DEFAULT_COOLDOWN_S,
     DEFAULT_FAILURE_THRESHOLD,
@@ -47,18 +59,6 @@ from .breaker import (
     Permit,
     Transition,
 )
-from .client.retry import Deadline
-from .errors import (
-    RerankChainError,
-    RerankError,
-    RerankProtocolError,
-    RerankTransportError,
-    TierFailure,
-)
-from .metrics import ChainMetrics
-from .models import Candidate, RerankResponse, trusted_indices
-from .spans.keys import ATTR_PROVIDER, ATTR_TIER
-from .stage import map_results
 
 __all__ = ["DEFAULT_CHAIN_TIMEOUT_S", "AsyncRerankerChain", "RerankerChain"]
 
@@ -79,11 +79,6 @@ SKIPPED_OPEN = "circuit_open"
 SKIPPED_DEADLINE = "deadline"
 
 
-def _attr(obj: Any, name: str) -> str | None:
-    value = getattr(obj, name, None)
-    return value if isinstance(value, str) else None
-
-
 class _Tier:
     """One tier: the reranker, its breaker, and the names it is known by."""
 
@@ -93,16 +88,16 @@ class _Tier:
         self.index = index
         self.reranker = reranker
         self.breaker = breaker
-        self.provider = _attr(reranker, "provider")
+        self.provider = str_attr(reranker, "provider")
         # The metric label: configured, never a server's string (see RerankStage._metric_model).
         configured = "configured_model" if hasattr(reranker, "configured_model") else "model_name"
-        self.metric_model = _attr(reranker, configured)
+        self.metric_model = str_attr(reranker, configured)
         self.is_async = inspect.iscoroutinefunction(reranker.rerank)
 
     @property
     def model_name(self) -> str | None:
         """The model to record now (a TEI client learns it from the server's ``/info``)."""
-        return _attr(self.reranker, "model_name")
+        return str_attr(self.reranker, "model_name")
 
     def fields(self) -> dict[str, Any]:
         """The tier's identity for log lines and span events."""
@@ -151,7 +146,7 @@ class _Call(Generic[T]):
         """The block in which our clients take at most what the chain's deadline has left."""
         if self.deadline is None:
             return contextlib.nullcontext()
-        return shared_deadline.sharing(self.deadline.remaining)
+        return _deadline.sharing(self.deadline.remaining)
 
 
 class _ChainCore:
@@ -184,7 +179,7 @@ class _ChainCore:
             self._check_tier(i, reranker)
         self.timeout = None if timeout is None else validate.timeout(timeout)
         # The deadline's and the breakers' clock: not a setting, so not in the signature (as
-        # the clients' clock, issue 27); tests replace it (tests/hooks.py `hooked_chain`).
+        # the clients' clock); tests replace it (tests/hooks.py `hooked_chain`).
         self._clock: Callable[[], float] = time.monotonic
         self._tiers = tuple(
             _Tier(i, r, CircuitBreaker(failure_threshold, cooldown, clock=time.monotonic))
@@ -267,16 +262,8 @@ class _ChainCore:
         """The tier's answer as the chain's, or None (counted as its failure) when it breaks
         the contract: only the caller's own items, each once, with finite scores."""
         try:
-            try:
-                # Checks identity and scores only, for any item type (Candidate is the usual).
-                map_results(cast("Sequence[Candidate]", call.items), response.results, call.top_k)
-            except RerankProtocolError:
-                raise
-            except Exception as exc:  # not even a list of pairs (a user's reranker)
-                raise RerankProtocolError(
-                    f"tier {tier.index} answered something that is not a list of "
-                    f"(item, score) pairs ({type(exc).__name__})"
-                ) from None
+            # Checks identity and scores only, for any item type (Candidate is the usual).
+            checked_answer(call.items, response.results, call.top_k, who=f"tier {tier.index}")
         except RerankProtocolError as exc:
             exc.requests = getattr(response, "requests", 0)
             exc.retries = getattr(response, "retries", 0)
@@ -350,25 +337,11 @@ def _event(name: str, fields: dict[str, Any]) -> None:
 
 
 def _call_sync(reranker: Any, call: _Call[T]) -> RerankResponse[T]:
-    detailed = getattr(reranker, "rerank_response", None)
-    if callable(detailed):
-        result: RerankResponse[T] = detailed(
-            call.query, call.items, text=call.text, top_k=call.top_k
-        )
-        return result
-    results = reranker.rerank(call.query, call.items, text=call.text, top_k=call.top_k)
-    return RerankResponse(results=results)
+    return call_reranker(reranker, call.query, call.items, text=call.text, top_k=call.top_k)
 
 
 async def _call_async(reranker: Any, call: _Call[T]) -> RerankResponse[T]:
-    detailed = getattr(reranker, "rerank_response", None)
-    if callable(detailed):
-        result: RerankResponse[T] = await detailed(
-            call.query, call.items, text=call.text, top_k=call.top_k
-        )
-        return result
-    results = await reranker.rerank(call.query, call.items, text=call.text, top_k=call.top_k)
-    return RerankResponse(results=results)
+    return await acall_reranker(reranker, call.query, call.items, text=call.text, top_k=call.top_k)
 
 
 class RerankerChain(_ChainCore):
