@@ -179,7 +179,7 @@ def start_tracing(
     """OTLP when ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` is set, plus `trace_file` if given.
 
     The provider is `configure_tracing`'s, as a library user gets it (limits, resource with the
-    Phoenix `project`, bounded shutdown, the OTLP exporter of `retrieval_stage.otlp`); the
+    Phoenix `project`, bounded shutdown, the OTLP exporter of `retrieval_stage.telemetry.otlp`); the
     command adds its file writer and its tally. Metrics go over OTLP only when an endpoint is
     set for them (`configure_metrics`, which honours ``OTEL_METRICS_EXPORTER=none`` and stops
     by itself at an endpoint that refuses metrics).

@@ -3,7 +3,7 @@
 `FastOTLPSpanExporter` is the SDK's `OTLPSpanExporter` (same constructor keywords, same
 endpoint/header/timeout/compression resolution from ``OTEL_EXPORTER_OTLP_*``, the same HTTP
 session, retries with backoff, deadline, gzip/deflate, size limit and exporter metrics); only
-the bytes are produced by `retrieval_stage.otlp_encoder.serialize_spans`, which is
+the bytes are produced by `retrieval_stage.telemetry.otlp_encoder.serialize_spans`, which is
 byte-identical to the SDK's encoder and falls back to it for anything it does not handle.
 
 Turn the fast encoder off with ``fast_encoding=False`` or ``RETRIEVAL_STAGE_FAST_OTLP=0``: the
