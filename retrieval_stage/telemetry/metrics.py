@@ -44,8 +44,9 @@ def configure_metrics(
     the ``[grpc]`` extra), headers and timeout follow
     `retrieval_stage.telemetry.otlp.otlp_target`, as for tracing: an ``endpoint`` given here is
     a base URL (``/v1/metrics`` is appended for HTTP). ``OTEL_METRICS_EXPORTER=none`` builds no
-    reader (instruments stay no-ops). When the endpoint answers 404 or 405 (it does not take metrics: Arize Phoenix), that is said once as
-    ``telemetry.metrics_disabled`` and no more metrics are sent by this process.
+    reader (instruments stay no-ops). When the endpoint answers 404 or 405 (it does not take
+    metrics: Arize Phoenix), that is said once as ``telemetry.metrics_disabled`` and no more
+    metrics are sent by this process.
 
     The global provider is set only if ``set_global``. ``export_timeout`` (seconds; default
     from ``OTEL_EXPORTER_OTLP_METRICS_TIMEOUT``/``..._TIMEOUT``, else 5) bounds each export;
