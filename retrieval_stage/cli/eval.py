@@ -26,9 +26,10 @@ from rich.text import Text
 
 from ..errors import RerankError
 from ..models import Candidate
+from ..telemetry.otlp import DEFAULT_SERVICE_NAME
 from .console import EXIT_FAILURE, EXIT_USAGE, err, fail, note, out
 from .inputs import read_candidates
-from .options import SERVICE_NAME, Command, RecallChoice, RerankOptions, with_rerank_options
+from .options import Command, RecallChoice, RerankOptions, with_rerank_options
 from .phoenix import FROM_OTLP
 from .render import metrics_table, movement_table, rerank_failed, say_reranker
 from .reranker import Chosen
@@ -148,7 +149,7 @@ def eval_(
             resamples=resamples,
             timeout=options.timeout,
             phoenix=phoenix_at,
-            project=options.project or SERVICE_NAME,
+            project=options.project or DEFAULT_SERVICE_NAME,
         )
         if as_json:
             body = report.to_dict()
@@ -291,7 +292,7 @@ def _run_eval(
     resamples: int,
     timeout: float,
     phoenix: str | None = None,
-    project: str = SERVICE_NAME,
+    project: str = DEFAULT_SERVICE_NAME,
 ) -> tuple[Any, dict[str, Any] | None]:
     """Rerank every judged query under one CHAIN span, with a progress bar on stderr; with
     `phoenix`, each query as a traced pipeline whose spans then get their judgements there."""
