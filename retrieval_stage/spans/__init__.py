@@ -5,7 +5,7 @@
 - `fit`: placing attributes under the SDK's attribute-count limit without evicting any;
 - `reranker`: `RerankerSpans`, the writer that owns a RERANKER span from identity to outcome;
 - `pipeline`: `PipelineSpans`, the CHAIN and RETRIEVER spans around it;
-- `otel_private`: the one place that reads OpenTelemetry state with no public API.
+- `otel_private`: the reads of OpenTelemetry state that has no public API, for spans and metrics.
 """
 
 from .content import DEFAULT_MAX_CONTENT_BYTES, TRUNCATION_MARKER, cap_content, output_value

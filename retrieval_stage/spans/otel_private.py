@@ -1,4 +1,8 @@
-"""The only place the library reads OpenTelemetry state that has no public API.
+"""Where spans and metrics read OpenTelemetry API and SDK state that has no public API.
+
+The library's other reads of a dependency's private state (the OTLP exporter, the client's
+transports) are listed, each with the test that pins it, in ``docs/architecture.md`` under
+"Private reads of dependencies".
 
 Three facts have no public accessor in opentelemetry-api/-sdk 1.45, two reads and one write
 have no cheap public path:
@@ -18,10 +22,10 @@ have no cheap public path:
   hands out the dict inside, to read);
 - writing a RERANKER span's ~300 outcome attributes: the SDK's ``set_attributes`` re-validates
   every value (a recursive ``_clean_attribute_value`` over the mapping) and stores key by key,
-  which profiled as the largest single cost a traced async call adds on the event loop (issue
-  26). `set_span_attributes` stores values that provably need no cleaning straight into the
-  span's attribute dict, under the span's and the dict's own locks, and hands anything else to
-  the SDK.
+  which profiled as the largest single cost a traced async call adds on the event loop.
+  `set_span_attributes` stores values that provably need no cleaning straight into the span's
+  attribute dict, under the span's and the dict's own locks, and hands anything else to the
+  SDK.
 
 `tests/spans/test_otel_private.py` and `tests/spans/test_attribute_write.py` pin all six
 against the installed SDK, so a release that moves any of them fails those tests loudly instead
