@@ -15,7 +15,6 @@ from . import validate
 __all__ = [
     "check_sendable",
     "default_text",
-    "masked_url",
     "rank",
     "snapshot",
 ]
@@ -82,21 +81,6 @@ def check_sendable(query: str, texts: Sequence[str]) -> None:
             what = "the query" if i == 0 else f"the text of item {i - 1}"
             where = f"lone surrogate at {exc.start}"
             raise ValueError(f"{what} is not valid Unicode ({where})") from None
-
-
-def masked_url(url: object) -> object:
-    """`url` with any ``user:password@`` part replaced, for reprs and messages.
-
-    Whatever stands before the last ``@`` is taken for userinfo, whatever the scheme (``host``
-    alone, as gRPC endpoints are written, too) and even when a password holds an unencoded
-    ``/`` or ``?``: masking too much is harmless, showing a password is not.
-    """
-    if not isinstance(url, str) or "@" not in url:
-        return url
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        scheme, rest = "", url
-    return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}"
 
 
 def rank(pairs: list[tuple[int, float]], top_k: int | None) -> list[tuple[int, float]]:

@@ -20,12 +20,12 @@ import typer
 
 from ..client.providers import PROVIDERS
 from ..config import LOCAL
+from ..telemetry.otlp import DEFAULT_SERVICE_NAME
 from .help import HelpCommand, HelpGroup, help_all_parameter
 
 __all__ = [
     "DEFAULT_TELEMETRY_TIMEOUT_S",
     "OPTION_OF_FIELD",
-    "SERVICE_NAME",
     "Command",
     "Group",
     "OutputFormat",
@@ -35,9 +35,6 @@ __all__ = [
     "with_rerank_options",
 ]
 
-
-SERVICE_NAME = "retrieval-stage"
-"""The command's OpenTelemetry service name, and its Phoenix project unless --project says."""
 
 DEFAULT_TELEMETRY_TIMEOUT_S = 0.5
 """How long a command may wait at exit for spans and metrics to leave (--telemetry-timeout).
@@ -208,7 +205,7 @@ _SHARED: dict[str, Any] = {
             envvar="RETRIEVAL_STAGE_PROJECT",
             help="The Arize Phoenix / OpenInference project the spans land in (resource "
             "attribute openinference.project.name). Default: its key in "
-            f"OTEL_RESOURCE_ATTRIBUTES, else the service name ({SERVICE_NAME}).",
+            f"OTEL_RESOURCE_ATTRIBUTES, else the service name ({DEFAULT_SERVICE_NAME}).",
             show_default=False,
         ),
     ],

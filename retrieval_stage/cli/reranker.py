@@ -14,7 +14,6 @@ import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -262,7 +261,13 @@ def _cross_encoder(
     """The cross-encoder from config's factory, loaded now: (chosen, None, False); else
     (None, why not, whether the model is a bi-encoder). `strict` exits instead."""
     from ..local import DEFAULT_LOCAL_MODEL, TORCH_INSTALL_HINT, local_available
-    from ..local.model_source import NotACrossEncoderError, hub_answers, hub_endpoint, hub_offline
+    from ..local.model_source import (
+        NotACrossEncoderError,
+        hub_answers,
+        hub_endpoint,
+        hub_offline,
+        on_disk,
+    )
 
     name = settings.model or DEFAULT_LOCAL_MODEL
     if not local_available():
@@ -273,8 +278,8 @@ def _cross_encoder(
                 TORCH_INSTALL_HINT,
             )
         return None, "sentence-transformers (for a cross-encoder) is not installed", False
-    on_disk = _on_disk(name)
-    if not on_disk and not hub_answers(name):
+    local_copy = on_disk(name) is not None
+    if not local_copy and not hub_answers(name):
         hub = (
             "HF_HUB_OFFLINE is set"
             if hub_offline()
@@ -295,7 +300,7 @@ def _cross_encoder(
         if strict:
             fail(EXIT_USAGE, f"--model {name}: {exc}")
         return None, f"{name} is a bi-encoder, not a cross-encoder", True
-    reranker.local_files_only = on_disk  # found on disk: never ask the hub
+    reranker.local_files_only = local_copy  # found on disk: never ask the hub
     try:
         _load(reranker, name)
     except RerankError as exc:
@@ -304,15 +309,6 @@ def _cross_encoder(
         return None, f"the cross-encoder could not load ({exc})", False
     label = f"local cross-encoder {reranker.model_name} (in process)"
     return Chosen(reranker, label, close=reranker.close), None, False
-
-
-def _on_disk(model: str) -> bool:
-    """Whether `model` loads with no network: a directory, a model package, the HF cache."""
-    from ..local.model_source import cached_model_dir, packaged_model_path
-
-    if Path(model).expanduser().is_dir():
-        return True
-    return packaged_model_path(model) is not None or cached_model_dir(model) is not None
 
 
 def _embedding(

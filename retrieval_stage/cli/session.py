@@ -21,10 +21,11 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .._redact import scrubbed_message
+from ..telemetry.otlp import DEFAULT_SERVICE_NAME
 from ..telemetry.shutdown import ShutdownReport
 from .console import EXIT_USAGE, err, fail, note
 from .failure import Witness
-from .options import DEFAULT_TELEMETRY_TIMEOUT_S, SERVICE_NAME, RerankOptions
+from .options import DEFAULT_TELEMETRY_TIMEOUT_S, RerankOptions
 from .reranker import Chosen, choose_reranker
 
 __all__ = ["Destination", "Tracing", "session", "start_tracing"]
@@ -179,7 +180,7 @@ def start_tracing(
     """OTLP when ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` is set, plus `trace_file` if given.
 
     The provider is `configure_tracing`'s, as a library user gets it (limits, resource with the
-    Phoenix `project`, bounded shutdown, the OTLP exporter of `retrieval_stage.otlp`); the
+    Phoenix `project`, bounded shutdown, the OTLP exporter of `retrieval_stage.telemetry.otlp`); the
     command adds its file writer and its tally. Metrics go over OTLP only when an endpoint is
     set for them (`configure_metrics`, which honours ``OTEL_METRICS_EXPORTER=none`` and stops
     by itself at an endpoint that refuses metrics).
@@ -202,7 +203,7 @@ def start_tracing(
         if traces_on:
             shown = otlp_target("traces").shown
             provider = configure_tracing(
-                SERVICE_NAME, project=project, shutdown_timeout=shutdown_timeout
+                DEFAULT_SERVICE_NAME, project=project, shutdown_timeout=shutdown_timeout
             )
             destinations.append(
                 Destination(
@@ -213,7 +214,7 @@ def start_tracing(
             )
         else:
             provider = configure_tracing(
-                SERVICE_NAME,
+                DEFAULT_SERVICE_NAME,
                 project=project,
                 exporter=_Discard(),
                 shutdown_timeout=shutdown_timeout,
@@ -258,7 +259,7 @@ def _start_metrics(shutdown_timeout: float) -> Any:
     from ..telemetry import configure_metrics
 
     try:
-        return configure_metrics(SERVICE_NAME, shutdown_timeout=shutdown_timeout)
+        return configure_metrics(DEFAULT_SERVICE_NAME, shutdown_timeout=shutdown_timeout)
     except (ValueError, OtlpExtraMissingError) as exc:
         otlp = os.environ.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or os.environ.get(
             "OTEL_EXPORTER_OTLP_ENDPOINT"

@@ -32,14 +32,9 @@ from ..errors import (
     TransportKind,
 )
 from ..models import Usage
+from .error_bodies import batch_cap
 from .plan import Learned, Plan
-from .providers import (
-    ParsedBatch,
-    batch_cap,
-    build_request,
-    expected_results,
-    parse_response,
-)
+from .providers import ParsedBatch, build_request, expected_results, parse_response
 from .retry import is_retryable_error, is_retryable_status, retry_wait
 from .sanitize import server_text
 from .steps import EXPIRED, Flow, Fork, Pairs, Reply, Send, Sleep, Step

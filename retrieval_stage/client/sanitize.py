@@ -7,7 +7,7 @@ error body goes through `server_text` before any `RerankError` quotes it:
 
 - every secret (the API key, URL credentials) is replaced in the raw bytes, in every form JSON
   escaping gives it, before anything decodes or cuts the body;
-- the provider's own message is picked out and assembled (`providers.error_message`: status
+- the provider's own message is picked out and assembled (`error_bodies.error_message`: status
   words, error type, FastAPI's ``type: msg (at loc)``) with FastAPI's ``input`` fields dropped;
 - the assembled message is cleaned once by `retrieval_stage._redact.clean` (secrets again, runs
   of them, echoes of the query and the submitted texts) and cut to `LIMIT` characters.
@@ -31,7 +31,7 @@ from .._redact import (
     quotable,
     without_secrets_bytes,
 )
-from .providers import error_message
+from .error_bodies import error_message
 
 __all__ = ["ECHOED", "ECHO_MIN_CHARS", "LIMIT", "server_text"]
 

@@ -5,7 +5,8 @@ machine with no download. The docstrings of a fixed list of standard-library mod
 that. `build_corpus()` extracts them from the running interpreter, deterministically (modules and
 members sorted); the package ships the output for one Python version as
 ``data/stdlib_docs.jsonl``, so the example qrels always name documents that exist and the demo
-shows the same text on every Python. ``python -m retrieval_stage.corpus`` regenerates the file.
+shows the same text on every Python. ``python -m retrieval_stage.evaluation.corpus``
+regenerates the file.
 
 The docstrings are Python's own, under the PSF License (see ``data/NOTICE``).
 """
@@ -223,8 +224,9 @@ def write_example_run(
 def _main(argv: Sequence[str]) -> int:
     """Regenerate the shipped data from this Python (maintainers only).
 
-    ``python -m retrieval_stage.corpus`` rewrites the corpus file; ``--example`` rewrites the
-    example run from the shipped corpus and queries (queries and qrels are written by hand).
+    ``python -m retrieval_stage.evaluation.corpus`` rewrites the corpus file; ``--example``
+    rewrites the example run from the shipped corpus and queries (queries and qrels are
+    written by hand).
     """
     if argv[:1] == ["--example"]:
         queries = []

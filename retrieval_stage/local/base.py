@@ -16,7 +16,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from .._args import rank, snapshot
 from .._install import TORCH_CPU_INDEX, install_hint, model_install_hint
+from ..errors import RerankProtocolError
 
 __all__ = [
     "DEFAULT_LOCAL_MODEL",
@@ -72,7 +74,7 @@ _S = TypeVar("_S", bound="InProcessModel")
 class InProcessModel:
     """What every in-process model reranker shares: loaded once on first use (or by `load()`)
     under a lock, dropped by `close()`, usable as a context manager. Subclasses say how to
-    load in `_load`."""
+    load in `_load` and how to score in `_scores`; `rerank` is written once, here."""
 
     provider = "local"
 
@@ -89,6 +91,10 @@ class InProcessModel:
         """Load and return the model; `RerankError` says why it could not be loaded."""
         raise NotImplementedError
 
+    def _scores(self, query: str, texts: list[str]) -> list[float]:
+        """One finite score per text for `query`, in the texts' order."""
+        raise NotImplementedError
+
     def rerank(
         self,
         query: str,
@@ -97,8 +103,16 @@ class InProcessModel:
         text: Callable[[T], str] | None = None,
         top_k: int | None = None,
     ) -> list[tuple[T, float]]:
-        """The items with the model's scores, best first; ties keep input order."""
-        raise NotImplementedError
+        """The items with the model's scores, best first; ties keep input order; `top_k`
+        keeps the best k (0/None: all). The items are copied before scoring, so each score
+        stays with the item it was computed for."""
+        kept, texts, cap = snapshot(query, items, text, top_k)
+        if not texts:
+            return []
+        scores = self._scores(query, texts)
+        if len(scores) != len(texts):
+            raise RerankProtocolError(f"the model gave {len(scores)} scores for {len(texts)} texts")
+        return [(kept[i], s) for i, s in rank(list(enumerate(scores)), cap)]
 
     def load(self) -> None:
         """Load the model now (idempotent); `RerankError` says why it could not be loaded."""

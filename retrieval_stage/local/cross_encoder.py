@@ -6,11 +6,10 @@ import importlib
 import importlib.util
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from .._args import rank, snapshot
 from ..errors import RerankError, RerankProtocolError
 from . import base
 from .base import DEFAULT_LOCAL_MODEL, TORCH_INSTALL_HINT, InProcessModel, InThread
@@ -23,8 +22,6 @@ from .model_source import (
 )
 
 __all__ = ["AsyncCrossEncoderReranker", "CrossEncoderReranker"]
-
-T = TypeVar("T")
 
 
 class CrossEncoderReranker(InProcessModel):
@@ -103,20 +100,8 @@ class CrossEncoderReranker(InProcessModel):
             check_cross_encoder(downloaded)
         return encoder
 
-    def rerank(
-        self,
-        query: str,
-        items: Sequence[T],
-        *,
-        text: Callable[[T], str] | None = None,
-        top_k: int | None = None,
-    ) -> list[tuple[T, float]]:
-        """The items with the model's scores, best first; ties keep input order."""
-        kept, texts, cap = snapshot(query, items, text, top_k)
-        if not texts:
-            return []
-        scores = self.score_pairs([(query, t) for t in texts])
-        return [(kept[i], s) for i, s in rank(list(enumerate(scores)), cap)]
+    def _scores(self, query: str, texts: list[str]) -> list[float]:
+        return self.score_pairs([(query, t) for t in texts])
 
     def score_pairs(self, pairs: Sequence[tuple[str, str]], *, raw: bool = False) -> list[float]:
         """One score per (query, text) pair, in order; each pair is read on its own, so the

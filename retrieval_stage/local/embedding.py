@@ -17,9 +17,8 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-from .._args import rank, snapshot
 from ..errors import RerankError, RerankProtocolError
 from . import base
 from .base import INSTALL_HINT, TORCH_INSTALL_HINT, InProcessModel, InThread
@@ -42,7 +41,6 @@ __all__ = [
     "choose_backend",
 ]
 
-T = TypeVar("T")
 
 NUMPY = "numpy"
 SENTENCE_TRANSFORMERS = "sentence-transformers"
@@ -355,21 +353,8 @@ class EmbeddingReranker(InProcessModel):
         for text, vector in zip(texts, vectors, strict=True):
             self.cache.put(key, text, vector)
 
-    def rerank(
-        self,
-        query: str,
-        items: Sequence[T],
-        *,
-        text: Callable[[T], str] | None = None,
-        top_k: int | None = None,
-    ) -> list[tuple[T, float]]:
-        """The items with the cosine of their embedding and the query's, best first.
-
-        Ties keep input order; `top_k` keeps the best k (0/None: all).
-        """
-        kept, texts, cap = snapshot(query, items, text, top_k)
-        if not texts:
-            return []
+    def _scores(self, query: str, texts: list[str]) -> list[float]:
+        """The cosine of each text's embedding and the query's."""
         query_vector = self.embed_query(query)
         documents = self.embed_documents(texts)
         if documents.shape[1] != query_vector.shape[0]:
@@ -381,7 +366,7 @@ class EmbeddingReranker(InProcessModel):
         for i, score in enumerate(scores):
             if not math.isfinite(score):
                 raise RerankProtocolError(f"embedding score {score!r} for item {i}")
-        return [(kept[i], s) for i, s in rank(list(enumerate(scores)), cap)]
+        return scores
 
 
 class AsyncEmbeddingReranker(InThread[EmbeddingReranker]):

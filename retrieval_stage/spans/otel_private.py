@@ -1,4 +1,8 @@
-"""The only place the spans read or write OpenTelemetry state that has no public API.
+"""Where the spans read or write OpenTelemetry SDK state that has no public API.
+
+The library's other reads of a dependency's private state (the metrics API's provider slot in
+``metrics``, the OTLP exporter, the client's transports) are listed, each with the test that pins
+it, in ``docs/architecture.md`` under "Private reads of dependencies".
 
 Two facts have no public accessor in opentelemetry-api/-sdk 1.45, and one read and one write
 have no cheap public path:
@@ -15,9 +19,9 @@ have no cheap public path:
 - writing a RERANKER span's ~300 outcome attributes: the SDK's ``set_attributes`` re-validates
   every value (a recursive ``_clean_attribute_value`` over the mapping) and stores key by key,
   which profiled as the largest single cost a traced async call adds on the event loop.
-  `set_span_attributes` stores values that provably need no cleaning straight into the
-  span's attribute dict, under the span's and the dict's own locks, and hands anything else to
-  the SDK.
+  `set_span_attributes` stores values that provably need no cleaning straight into the span's
+  attribute dict, under the span's and the dict's own locks, and hands anything else to the
+  SDK.
 
 Whether metrics go anywhere (the metrics API's private placeholder provider and global slot)
 is asked in `retrieval_stage.metrics`, beside the instruments that need the answer.

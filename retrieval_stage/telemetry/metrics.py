@@ -41,11 +41,12 @@ def configure_metrics(
     For applications, never for library code. ``service_name`` falls back to
     ``OTEL_SERVICE_NAME`` and then ``"retrieval-stage"``. Without ``reader``, a periodic reader
     pushes to an OTLP exporter whose endpoint, protocol (http/protobuf or grpc, the latter with
-    the ``[grpc]`` extra), headers and timeout follow `retrieval_stage.otlp.otlp_target`, as
-    for tracing: an ``endpoint`` given here is a base URL (``/v1/metrics`` is appended for
-    HTTP). ``OTEL_METRICS_EXPORTER=none`` builds no reader (instruments stay no-ops). When the
-    endpoint answers 404 or 405 (it does not take metrics: Arize Phoenix), that is said once as
-    ``telemetry.metrics_disabled`` and no more metrics are sent by this process.
+    the ``[grpc]`` extra), headers and timeout follow
+    `retrieval_stage.telemetry.otlp.otlp_target`, as for tracing: an ``endpoint`` given here is
+    a base URL (``/v1/metrics`` is appended for HTTP). ``OTEL_METRICS_EXPORTER=none`` builds no
+    reader (instruments stay no-ops). When the endpoint answers 404 or 405 (it does not take
+    metrics: Arize Phoenix), that is said once as ``telemetry.metrics_disabled`` and no more
+    metrics are sent by this process.
 
     The global provider is set only if ``set_global``. ``export_timeout`` (seconds; default
     from ``OTEL_EXPORTER_OTLP_METRICS_TIMEOUT``/``..._TIMEOUT``, else 5) bounds each export;

@@ -3,7 +3,7 @@
 `FastOTLPSpanExporter` is the SDK's `OTLPSpanExporter` (same constructor keywords, same
 endpoint/header/timeout/compression resolution from ``OTEL_EXPORTER_OTLP_*``, the same HTTP
 session, retries with backoff, deadline, gzip/deflate, size limit and exporter metrics); only
-the bytes are produced by `retrieval_stage.otlp_encoder.serialize_spans`, which is
+the bytes are produced by `retrieval_stage.telemetry.otlp_encoder.serialize_spans`, which is
 byte-identical to the SDK's encoder and falls back to it for anything it does not handle.
 
 Turn the fast encoder off with ``fast_encoding=False`` or ``RETRIEVAL_STAGE_FAST_OTLP=0``: the
@@ -80,7 +80,8 @@ class FastOTLPSpanExporter(OTLPSpanExporter):
     def _export_serialized(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         """The SDK's `OTLPSpanExporter.export` (1.45.2) with `serialize_spans` as the encoder.
 
-        The one place that relies on the SDK exporter's private state. The SDK serialises
+        It relies on the SDK exporter's private state (listed with the library's other private
+        reads in docs/architecture.md, "Private reads of dependencies"). The SDK serialises
         inside `export`, so its remaining steps (metrics, size limit, POST with retries) are
         mirrored here line for line; `tests/telemetry/test_otlp_encoder.py` pins the SDK's `export`
         source and fails when it changes, so this copy is re-checked on every SDK upgrade.

@@ -57,7 +57,7 @@ def otlp_span_exporter(
 ) -> SpanExporter:
     """An OTLP span exporter: http/protobuf by default, gRPC when the protocol says ``grpc``.
 
-    Endpoint, protocol, headers and timeout follow `retrieval_stage.otlp.otlp_target`: the
+    Endpoint, protocol, headers and timeout follow `retrieval_stage.telemetry.otlp.otlp_target`: the
     arguments first, then the standard ``OTEL_EXPORTER_OTLP_*`` variables (an `endpoint`
     given here is a base URL: ``/v1/traces`` is appended for HTTP). gRPC needs the ``[grpc]``
     extra; without it this raises `OtlpExtraMissingError` naming the install command.
@@ -102,7 +102,8 @@ def configure_tracing(
     """An SDK TracerProvider exporting over OTLP through a BatchSpanProcessor.
 
     `endpoint` is the collector's base URL (``http://localhost:4318`` for HTTP, ``localhost:4317``
-    for gRPC); None defers to the ``OTEL_EXPORTER_OTLP_*`` variables (`retrieval_stage.otlp`).
+    for gRPC); None defers to the ``OTEL_EXPORTER_OTLP_*`` variables
+    (`retrieval_stage.telemetry.otlp`).
     `exporter` replaces the OTLP exporter (tests pass an in-memory one);
     ``OTEL_TRACES_EXPORTER=none`` builds none. The span limits fit 200 documents in and 200 out
     (an explicit ``OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT`` wins). `service_name` falls back to

@@ -28,13 +28,8 @@ from retrieval_stage import (
     RerankStatusError,
     Usage,
 )
-from retrieval_stage.client.providers import (
-    WireFormat,
-    build_request,
-    error_message,
-    get_format,
-    parse_response,
-)
+from retrieval_stage.client.error_bodies import error_message
+from retrieval_stage.client.providers import WireFormat, build_request, get_format, parse_response
 from retrieval_stage.spans import ATTR_USAGE_SEARCH_UNITS, ATTR_USAGE_TOTAL_TOKENS
 
 from ..conftest import WireMock

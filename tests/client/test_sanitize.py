@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from retrieval_stage import AsyncRerankClient, RerankClient, RerankError, RerankStatusError
 from retrieval_stage._redact import ECHO_MIN_CHARS, scrub
-from retrieval_stage.client.providers import batch_cap, batch_size_refusal
+from retrieval_stage.client.error_bodies import batch_cap, batch_size_refusal
 
 QMARK = "Qmarker7f3a9b"
 DMARK = "Dmarker0c2e55"

@@ -105,7 +105,7 @@ def test_more_texts_than_the_cap_are_refused_in_teis_words(lexical_server: Serve
     texts = [f"{SECRET} {i}" for i in range(64)]
     reply = post(lexical_server.url, {"query": SECRET, "texts": texts})
     assert _error(reply, 422, "Validation") == "batch size 64 > maximum allowed batch size 32"
-    from retrieval_stage.client.providers import batch_size_refusal
+    from retrieval_stage.client.error_bodies import batch_size_refusal
 
     assert batch_size_refusal(reply.json()["error"]) == 32, "our client reads the cap"
     docs = [{"id": str(i), "text": t} for i, t in enumerate(texts[:40])]

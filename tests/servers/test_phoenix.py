@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from retrieval_stage.cli.options import SERVICE_NAME
+from retrieval_stage.telemetry.otlp import DEFAULT_SERVICE_NAME as SERVICE_NAME
 
 from ..phoenix_server import INGEST_SECONDS, MISSING, PHOENIX
 
