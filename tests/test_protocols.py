@@ -25,10 +25,10 @@ from retrieval_stage import (
 )
 from retrieval_stage.null import AsyncNullReranker
 
-from ..fakes import ByLength, Failing, FixedScores
+from .fakes import ByLength, Failing, FixedScores
 
 HERE = Path(__file__)
-ROOT = HERE.parents[2]
+ROOT = HERE.parents[1]
 
 
 def _conformance() -> None:
