@@ -6,7 +6,7 @@ session fixture (made available to every test by tests/conftest.py), starts ``ph
 from there (as soon as collection shows a test that uses it: `start_early`) on loopback with
 its own SQLite working directory, telemetry and every outbound fetch off, waits for
 ``/healthz``, and stops it when the session ends. The suite's Phoenix tests
-(tests/servers, tests/server) and the framework tests' (tests/integrations, run from
+(tests/third_party, tests/server) and the framework tests' (tests/integrations, run from
 ``.venv-frameworks``) share it: each writes to its own project or filters by its own trace id.
 
 A plain module (no pytest plugin), importable from the project's venv and from

@@ -1,7 +1,7 @@
 """`eval --phoenix`'s pure parts: where Phoenix is, which document each grade goes to, retries.
 
 The real Phoenix round trip (annotations stored, NDCG read back and compared with the eval's
-own) is in tests/servers/test_phoenix_evals.py; here a finished span comes from a real SDK
+own) is in tests/third_party/test_phoenix_evals.py; here a finished span comes from a real SDK
 tracer and the only stand-in is the Phoenix client in the retry tests.
 """
 

@@ -20,7 +20,7 @@ from retrieval_stage import RerankClient, RerankClientClosedError
 from retrieval_stage.client.deadline_io import DeadlineTransport
 from retrieval_stage.client.steps import Send
 
-from ..hostile.server import Request, json_response, serve
+from .hostile.server import Request, json_response, serve
 
 TWO = [{"index": 1, "score": 0.9}, {"index": 0, "score": 0.1}]
 

@@ -267,7 +267,7 @@ def test_compose_defines_the_stack_with_pinned_images() -> None:
         assert tag not in {"", "latest"}, f"{name}: pin {image!r}"
         assert not re.fullmatch(r"\d+", tag), f"{name}: {image!r} pins only a major version"
     assert services["phoenix"]["profiles"] == ["phoenix"]
-    for name in ("app-fleet", "otel-gateway", "otel-sampler"):  # tests/telemetry_config
+    for name in ("app-fleet", "otel-gateway", "otel-sampler"):  # tests/deploy/test_fleet_configs.py
         assert services[name]["profiles"] == ["fleet"], name
     assert services["tei"]["profiles"] == ["tei"], "TEI is opt-in: its image is often missing"
     assert services["tei"]["command"] == ["--model-id", "BAAI/bge-reranker-base"]

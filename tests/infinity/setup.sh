@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs a real Infinity rerank server (infinity-emb) into its own virtualenv, apart from the
-# project's, for tests/servers/test_infinity.py. Idempotent: nothing to do when it is already there.
+# project's, for tests/third_party/test_infinity.py. Idempotent: nothing to do when it is already
+# there.
 # Usage: tests/infinity/setup.sh [VENV_DIR]   (default: .venv-infinity at the repository root)
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -5,8 +5,8 @@ The refusals and the numerics of GELU need only the ``[local]`` extra; the equal
 compare with sentence-transformers run in this process and skip where it is not installed
 (``make test`` installs it with torch). Equality is checked in CI on a deterministic subset of
 the bundled corpus (every 16th document, 97 of 1,538, plus a text past the 256-token cut and
-empty ones); ``python -m benchmarks.embedding_backends`` checks the whole corpus and the eval's
-MRR@10.
+empty ones); ``python -m benchmarks.studies.embedding_backends`` checks the whole corpus and the
+eval's MRR@10.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs a real Arize Phoenix (the arize-phoenix server) into its own virtualenv, apart from the
-# project's, for tests/servers/test_phoenix.py. Idempotent: nothing to do when it is already there.
+# project's, for tests/third_party/test_phoenix.py. Idempotent: nothing to do when it is already
+# there.
 # Phoenix brings its own pinned OpenTelemetry, SQLAlchemy, pandas and web stack; keeping it out of
 # the project's environment keeps those pins from deciding the project's.
 # Usage: tests/phoenix/setup.sh [VENV_DIR]   (default: .venv-phoenix at the repository root)

@@ -55,7 +55,7 @@ def test_seed_002_live_acceptance_runs_against_the_server(
     bi-encoder whose cosines are closer (measured 0.726 against 0.165, 4.4x), so the margin
     asked here is RERANK_LIVE_MIN_RATIO=3.
     """
-    from tests.servers import test_live
+    from tests.third_party import test_live
 
     monkeypatch.setattr(test_live, "LIVE_URL", embedding_server.url)
     monkeypatch.setenv("RERANK_LIVE_MIN_RATIO", "3")

@@ -1,7 +1,7 @@
 """``--reranker local``: a cross-encoder served, scores as sentence-transformers gives them.
 
 No cross-encoder weights can be had offline, so the folder is made from the packaged MiniLM
-as tests/servers/test_infinity.py makes it (an untrained one-label head, seed 0): the scores
+as tests/third_party/test_infinity.py makes it (an untrained one-label head, seed 0): the scores
 mean nothing, but they are the model's own, so a score on the wrong text still fails here.
 """
 

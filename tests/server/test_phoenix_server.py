@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.phoenix_server import INGEST_SECONDS
-from tests.servers.test_phoenix import Run, _demo, _project_spans
+from tests.third_party.test_phoenix import Run, _demo, _project_spans
 
 from .served import Served, server_env, start_server
 

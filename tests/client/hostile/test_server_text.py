@@ -16,7 +16,7 @@ import socket
 import pytest
 
 from retrieval_stage import RerankError, RerankProtocolError
-from tests.hostile.echo import (
+from tests.client.hostile.echo import (
     DOCS,
     ECHO,
     assert_nothing_leaked,
@@ -25,7 +25,7 @@ from tests.hostile.echo import (
     observed,
     run_stage,
 )
-from tests.hostile.server import Request, json_response, raw_response, serve
+from tests.client.hostile.server import Request, json_response, raw_response, serve
 
 FLAVOURS = ["sync", "async"]
 

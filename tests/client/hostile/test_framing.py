@@ -9,7 +9,7 @@ aiohttp, a caller's ``httpx.AsyncClient``.
 
 Each call sends texts naming the call, and the server answers each with scores naming the same
 call; the smuggled answer names another call. A call whose scores name another call got
-someone else's answer. The loopback server is `tests.hostile.server` (plain sockets, one
+someone else's answer. The loopback server is `tests.client.hostile.server` (plain sockets, one
 thread per connection), so its accept count says whether a connection was reused.
 """
 
@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from retrieval_stage import AsyncRerankClient, RerankClient, RerankError, RerankTransportError
-from tests.hostile.server import Request, raw_response, serve
+from tests.client.hostile.server import Request, raw_response, serve
 
 CALLS = 6
 FOREIGN = 1000  # the smuggled answer's scores name call i + FOREIGN

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from retrieval_stage import PROVIDERS, RerankClient, RerankError
 from retrieval_stage.client.sanitize import server_text
-from tests.hostile.echo import DMARK, DOCS, KEY, QMARK, QUERY, leaked
+from tests.client.hostile.echo import DMARK, DOCS, KEY, QMARK, QUERY, leaked
 
-from ..hooks import hooked
+from ...hooks import hooked
 
 EXAMPLES = int(os.environ.get("RETRIEVAL_STAGE_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 DEADLINE_S = 10.0
 DEADLINE_MARGIN_S = 5.0
@@ -27,7 +27,7 @@ GROWTH_MIB = 128.0
 
 def run_child(scenario: str, flavour: str, timeout: float = DEADLINE_S) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.hostile.child", scenario, flavour, str(timeout)],
+        [sys.executable, "-m", "tests.client.hostile.child", scenario, flavour, str(timeout)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -90,7 +90,7 @@ def test_a_413_bomb_is_bounded_across_the_batch_split(flavour: str) -> None:
 def _gzipped_ok(request: Any, conn: Any) -> None:
     import gzip as gz
 
-    from tests.hostile.server import raw_response
+    from tests.client.hostile.server import raw_response
 
     n = len(request.json()["texts"])
     body = gz.compress(json.dumps([{"index": i, "score": 1 - i / 10} for i in range(n)]).encode())
@@ -103,7 +103,7 @@ def test_a_gzip_answer_we_asked_for_is_decoded(flavour: str) -> None:
     import asyncio
 
     from retrieval_stage import AsyncRerankClient, RerankClient
-    from tests.hostile.server import serve
+    from tests.client.hostile.server import serve
 
     with serve(_gzipped_ok) as server:
         if flavour == "sync":
@@ -124,7 +124,7 @@ def test_max_response_bytes_is_a_setting_with_a_documented_default() -> None:
     from retrieval_stage import AsyncRerankClient, RerankClient, RerankProtocolError
     from retrieval_stage.client import DEFAULT_MAX_RESPONSE_BYTES
     from retrieval_stage.validate import InvalidSetting
-    from tests.hostile.server import json_response, serve
+    from tests.client.hostile.server import json_response, serve
 
     assert RerankClient("http://h").max_response_bytes == DEFAULT_MAX_RESPONSE_BYTES
     assert AsyncRerankClient("http://h", max_response_bytes=2048).max_response_bytes == 2048

@@ -1,6 +1,6 @@
 """The embedding backends side by side, in one run: numpy, onnxruntime, sentence-transformers.
 
-``python -m benchmarks.embedding_backends`` (needs ``[bench,torch]``: onnx, onnxruntime and
+``python -m benchmarks.studies.embedding_backends`` (needs ``[bench,torch]``: onnx, onnxruntime and
 sentence-transformers besides the numpy backend; a missing one is left out and said so):
 
 1. embeds the bundled corpus (1,538 documents) with each backend, rounds interleaved with the

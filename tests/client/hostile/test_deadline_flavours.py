@@ -19,8 +19,8 @@ import pytest
 
 from retrieval_stage import AsyncRerankClient, RerankClient, RerankTransportError
 from retrieval_stage.client import DeadlineTransport
-from tests.hostile.echo import DOCS
-from tests.hostile.server import Request, send_slowly, serve
+from tests.client.hostile.echo import DOCS
+from tests.client.hostile.server import Request, send_slowly, serve
 
 DEADLINE_S = 2.0
 MARGIN_S = 3.0

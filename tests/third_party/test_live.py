@@ -1,6 +1,6 @@
 """Against a real TEI (or a gateway in front of one): runs only when RERANK_LIVE_URL is set.
 
-    RERANK_LIVE_URL=http://localhost:8080 pytest tests/servers/test_live.py
+    RERANK_LIVE_URL=http://localhost:8080 pytest tests/third_party/test_live.py
 (`docker compose -f docker/compose.yaml up tei` serves BAAI/bge-reranker-base there.)
 Optional: RERANK_LIVE_PROVIDER (default tei), RERANK_LIVE_MODEL, RERANK_LIVE_API_KEY,
 RERANK_LIVE_API_KEY_HEADER, RERANK_LIVE_MIN_RATIO (default 10: seed 002's margin, measured with

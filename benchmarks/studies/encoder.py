@@ -1,6 +1,6 @@
 """The SDK's OTLP trace encoder against ours, side by side in one run.
 
-``python -m benchmarks.encoder [--rounds N] [--profile]``
+``python -m benchmarks.studies.encoder [--rounds N] [--profile]``
 
 Encodes the same finished spans with ``encode_spans(spans).SerializePartialToString()`` (the
 SDK's OTLP/HTTP exporter does exactly this) and with `retrieval_stage.telemetry.otlp_encoder`, in
@@ -26,7 +26,7 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from .fixtures import DOCS, QUERY, candidates
+from ..fixtures import DOCS, QUERY, candidates
 
 
 class _Reverse:
@@ -86,7 +86,9 @@ def compare(spans: Sequence[ReadableSpan], rounds: int, calls: int) -> dict[str,
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: print the table (and optionally a profile of our encoder)."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.encoder", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.studies.encoder", description=__doc__
+    )
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from retrieval_stage import PROVIDERS, RerankClient, RerankStatusError
 
-from ..conftest import WireMock
+from ...conftest import WireMock
 from . import contract
 
 DOCUMENTED = contract.DOCUMENTED

@@ -1,5 +1,5 @@
 """`RerankerChain` with in-process rerankers of a user's kind: contract checks, sanitising,
-what escapes, cancellation. The real-server cases are in tests/promises/test_failover.py."""
+what escapes, cancellation. The real-server cases are in tests/failover/test_chain_wiremock.py."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ echo. WireMock cannot send most of that (a gzip bomb, an endless chunked body, a
 raw bytes), so this server speaks HTTP by hand on a plain socket: a `Handler` gets the parsed
 request and the connection and writes whatever bytes it likes. One thread per connection;
 `close()` ends them all. Used in-process by the tests and inside a child process by
-`tests/hostile/child.py` (where memory is measured).
+`tests/client/hostile/child.py` (where memory is measured).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The same BERT encoder as an onnxruntime graph, built from the model's own weights (benchmark).
 
-Measured against the numpy backend and sentence-transformers by `benchmarks.embedding_backends`;
-the library ships the numpy one (see docs/benchmarks.md for why).
+Measured against the numpy backend and sentence-transformers by
+`benchmarks.studies.embedding_backends`; the library ships the numpy one (see docs/benchmarks.md
+for why).
 
 `OnnxBertEncoder` is a `BertEncoder` (same folder checks, tokenizer, length batching, pooling
 and normalisation) whose forward pass is one ONNX graph, written here with the ``onnx``

@@ -1,6 +1,6 @@
 """CPU of one `RerankStage.arun` call in process, this tree against another revision (issue 26).
 
-``python -m benchmarks.span_cost [--base REV] [--calls N] [--rounds R]``
+``python -m benchmarks.studies.span_cost [--base REV] [--calls N] [--rounds R]``
 
 No I/O: a fake async reranker answers 50 documents (`fixtures.candidates`) at once, so what is
 measured is the stage's own CPU per call, on the event loop's thread (``time.thread_time``;
@@ -30,8 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import guard
-from .fixtures import DOCS, QUERY, ROOT, passage
+from .. import guard
+from ..fixtures import DOCS, QUERY, ROOT, passage
 
 BASE_NAME = "retrieval_stage_base"
 
@@ -101,7 +101,7 @@ def per_call(stage: Any, cands: list[Any], calls: int, clock: Callable[[], float
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.span_cost")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.span_cost")
     parser.add_argument("--base", help="a git revision to compare with (e.g. main)")
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=12)

@@ -18,8 +18,8 @@ import time
 import pytest
 
 from retrieval_stage import AsyncRerankClient, RerankError, RerankStatusError
-from tests.hostile.echo import call_client
-from tests.hostile.server import Request, json_response, raw_response, serve
+from tests.client.hostile.echo import call_client
+from tests.client.hostile.server import Request, json_response, raw_response, serve
 
 DEADLINE_S = 2.0
 MARGIN_S = 2.0

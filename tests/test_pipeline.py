@@ -20,7 +20,7 @@ from retrieval_stage.pipeline import Pipeline, PipelineResult, compare_ranks
 from retrieval_stage.recall import BM25Recall
 from retrieval_stage.stage import Reranked
 
-from ..fakes import ByLength, Failing, FixedRecall
+from .fakes import ByLength, Failing, FixedRecall
 
 T = TypeVar("T")
 Spans = tuple[TracerProvider, InMemorySpanExporter]

@@ -16,8 +16,8 @@ from collections.abc import Callable
 import pytest
 
 from retrieval_stage import RerankError, RerankProtocolError, RerankStatusError
-from tests.hostile.echo import DOCS, call_client, observed, run_stage
-from tests.hostile.server import Request, json_response, raw_response, serve
+from tests.client.hostile.echo import DOCS, call_client, observed, run_stage
+from tests.client.hostile.server import Request, json_response, raw_response, serve
 
 FLAVOURS = ["sync", "async"]
 Handler = Callable[[Request, socket.socket], None]

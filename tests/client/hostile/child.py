@@ -1,7 +1,7 @@
 """One hostile scenario in a child process, so its memory can be measured and capped.
 
-``python -m tests.hostile.child SCENARIO FLAVOUR [TIMEOUT]`` starts the scenario's server in a
-thread, makes one call through FLAVOUR (``sync``, ``async``, ``stage``, ``astage``) and prints
+``python -m tests.client.hostile.child SCENARIO FLAVOUR [TIMEOUT]`` starts the scenario's server
+in a thread, makes one call through FLAVOUR (``sync``, ``async``, ``stage``, ``astage``) and prints
 one JSON line: the error's type and message (or, for the stages, whether they fell back and
 why), the wall time, and how much the peak RSS grew during the call. The address space is
 capped (`AS_LIMIT_BYTES`) so a regression fails with a MemoryError instead of taking a shared
@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from tests.hostile.server import Request, gzip_bomb, raw_response, serve
+from tests.client.hostile.server import Request, gzip_bomb, raw_response, serve
 
 AS_LIMIT_BYTES = 3 << 30
 """A ceiling on the child's address space: far above a bounded call (the interpreter, httpx and

@@ -20,8 +20,8 @@ import pytest
 
 from retrieval_stage import AsyncRerankClient, RerankClient, RerankStatusError
 from retrieval_stage.validate import InvalidSetting
-from tests.hostile.echo import DOCS, KEY, leaked
-from tests.hostile.server import Request, json_response, raw_response, serve
+from tests.client.hostile.echo import DOCS, KEY, leaked
+from tests.client.hostile.server import Request, json_response, raw_response, serve
 
 
 def _ok(request: Request, conn: socket.socket) -> None:

@@ -29,10 +29,10 @@ from retrieval_stage.integrations._common import Stages
 from retrieval_stage.null import AsyncNullReranker
 from retrieval_stage.validate import InvalidSetting
 
-from ..fakes import ByLength, Failing, FixedScores
+from .fakes import ByLength, Failing, FixedScores
 
 HERE = Path(__file__)
-ROOT = HERE.parents[2]
+ROOT = HERE.parents[1]
 
 
 def _conformance() -> None:

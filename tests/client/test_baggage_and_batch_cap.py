@@ -12,7 +12,7 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from retrieval_stage import RerankClient
-from tests.hostile.server import Request, json_response, serve
+from tests.client.hostile.server import Request, json_response, serve
 
 
 def _ok(request: Request, conn: socket.socket) -> None:

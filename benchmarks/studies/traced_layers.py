@@ -1,6 +1,6 @@
 """Where a traced async call's extra CPU goes, end to end, layer by layer (issue 26).
 
-``python -m benchmarks.traced_layers [--rounds R] [--calls N]``
+``python -m benchmarks.studies.traced_layers [--rounds R] [--calls N]``
 
 The setting of issue 26's targets: 64 concurrent callers, the benchmark server answering 50 TEI
 results after 20 ms, 50 documents per call. Six variants take turns round by round (order
@@ -38,9 +38,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from . import guard
-from .fixtures import DOCS, QUERY, LocalServer, candidates, sampled_out_provider, traced_provider
-from .harness import drive
+from .. import guard
+from ..fixtures import DOCS, QUERY, LocalServer, candidates, sampled_out_provider, traced_provider
+from ..harness import drive
 
 CONCURRENCY = 64
 DELAY_MS = 20
@@ -172,7 +172,7 @@ def report(out: dict[str, dict[str, list[float]]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.traced_layers")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.studies.traced_layers")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=1536, help="per variant per round")
     parser.add_argument("--json", help="also write every round's numbers to this file")
