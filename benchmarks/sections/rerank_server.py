@@ -1,7 +1,7 @@
 """`retrieval-stage serve` against Infinity, one model folder, one machine, one run.
 
 Both servers serve the same cross-encoder folder, made from the packaged all-MiniLM-L6-v2 as
-tests/servers/test_infinity.py makes it (``CrossEncoder(dir, num_labels=1)``, seed 0: an
+tests/third_party/test_infinity.py makes it (``CrossEncoder(dir, num_labels=1)``, seed 0: an
 untrained head, so the scores mean nothing, but every forward pass is the real model's). Ours runs
 ``--reranker local --model DIR``; Infinity (``.venv-infinity``, or ``INFINITY_EMB``) runs
 ``v2 --model-id DIR --engine torch``. Both are started first and stay loaded; then, for each
