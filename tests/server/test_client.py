@@ -49,7 +49,7 @@ def direct(url: str, query: str, texts: list[str]) -> dict[int, float]:
 def test_seed_002_live_acceptance_runs_against_the_server(
     embedding_server: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """tests/third_party/test_live.py, unskipped: a more relevant text outscores a less relevant one.
+    """tests/third_party/test_live.py, unskipped: a relevant text outscores a less relevant one.
 
     The seed's 10x margin is bge-reranker-base's (a cross-encoder); the packaged MiniLM is a
     bi-encoder whose cosines are closer (measured 0.726 against 0.165, 4.4x), so the margin
