@@ -18,7 +18,7 @@ import httpx
 
 from retrieval_stage.client.aiohttp_io import GuardedConnector
 from retrieval_stage.client.framing import h11_connection
-from tests.hostile.server import Request, raw_response, serve
+from tests.client.hostile.server import Request, raw_response, serve
 
 
 def _ok(request: Request, conn: socket.socket) -> None:
