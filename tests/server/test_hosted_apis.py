@@ -251,3 +251,18 @@ def test_each_request_is_logged_with_its_shape_and_status(lexical_server: Served
         ("jina", 200, None),
         ("jina", 404, "ModelNotFound"),
     ]
+
+
+def test_the_cohere_sdks_v1_client_reads_the_jina_shaped_v1_route(lexical_server: Served) -> None:
+    """Cohere's v1 client posts to ``/v1/rerank``, which answers in Jina's shape; that shape
+    holds every field the v1 client reads, so it works too (each text on its own index)."""
+    texts = corpus(relevant_at=7, n=20)
+    expected = tei_scores(lexical_server.url, texts)
+    client = cohere.Client(api_key="test-key", base_url=lexical_server.url)
+    model = served_model(lexical_server.url)
+    response = client.rerank(model=model, query=QUERY, documents=texts, top_n=3)
+    assert [r.index for r in response.results] == sorted(expected, key=lambda i: -expected[i])[:3]
+    assert response.results[0].index == 7
+    for r in response.results:
+        assert r.document.text == texts[r.index]
+        assert r.relevance_score == pytest.approx(expected[r.index], abs=1e-6)
