@@ -21,7 +21,7 @@ from .wire import (
     ApiRequest,
     RerankApi,
     RerankJob,
-    Serving,
+    ServedModel,
     check_model,
     decode_object,
     json_kind,
@@ -52,7 +52,7 @@ def _integer(body: dict[str, Any], name: str, low: int, high: int | None = None)
     return value
 
 
-def parse(raw: bytes, serving: Serving) -> ApiRequest:
+def parse(raw: bytes, serving: ServedModel) -> ApiRequest:
     """Read and check a ``POST /v2/rerank`` body against what is served; `ApiError` says what
     was wrong (a model other than the served one: 404 naming both).
 

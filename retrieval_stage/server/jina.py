@@ -20,7 +20,7 @@ from .wire import (
     ApiRequest,
     RerankApi,
     RerankJob,
-    Serving,
+    ServedModel,
     check_model,
     decode_object,
     flag,
@@ -50,7 +50,7 @@ def _text(document: Any, i: int) -> str:
     return string(document["text"], f"documents[{i}].text")
 
 
-def parse(raw: bytes, serving: Serving) -> ApiRequest:
+def parse(raw: bytes, serving: ServedModel) -> ApiRequest:
     """Read and check a ``POST /v1/rerank`` body against what is served; `ApiError` says what
     was wrong (a model other than the served one: 404 naming both)."""
     body = decode_object(raw)

@@ -32,7 +32,7 @@ __all__ = [
     "ApiRequest",
     "RerankApi",
     "RerankJob",
-    "Serving",
+    "ServedModel",
     "Shape",
     "batch_too_large",
     "check_model",
@@ -306,7 +306,7 @@ def render_scores(job: RerankJob, scores: Sequence[float]) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
-class Serving:
+class ServedModel:
     """What a request is checked against: the served model's name, the texts one request may
     hold, and the longest input in tokens the model reads."""
 
@@ -349,7 +349,7 @@ class RerankApi:
 
     shape: Shape
     path: str
-    parse: Callable[[bytes, Serving], ApiRequest]
+    parse: Callable[[bytes, ServedModel], ApiRequest]
     """The checked request from a body, or `ApiError` saying what was wrong."""
     render: Callable[[Answer], bytes]
     error_body: Callable[[ApiError], bytes]

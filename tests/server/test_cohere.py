@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from retrieval_stage.client.providers import batch_cap, error_message
 from retrieval_stage.server import cohere
-from retrieval_stage.server.wire import Answer, ApiError, Serving
+from retrieval_stage.server.wire import Answer, ApiError, ServedModel
 
 from ..contracts import contract
 
-SERVING = Serving(model="served/model-a", max_client_batch_size=32, max_input_length=256)
+SERVING = ServedModel(model="served/model-a", max_client_batch_size=32, max_input_length=256)
 QUERY = "how do I delete a directory tree"
 TEXTS = ["json strings", "shutil.rmtree removes a tree", "os.rmdir", "bananas", "pathlib"]
 # Index 1 best, then 3, 0, 4, 2: neither input order nor its reverse.
@@ -34,7 +34,7 @@ def body(**fields: Any) -> bytes:
     ).encode()
 
 
-def refusal(raw: bytes, serving: Serving = SERVING) -> ApiError:
+def refusal(raw: bytes, serving: ServedModel = SERVING) -> ApiError:
     with pytest.raises(ApiError) as caught:
         cohere.parse(raw, serving)
     return caught.value
@@ -84,7 +84,7 @@ def test_ties_keep_input_order() -> None:
 @pytest.mark.parametrize(("documents", "units"), [(1, 1), (100, 1), (101, 2), (250, 3)])
 def test_search_units_count_a_hundred_documents_each(documents: int, units: int) -> None:
     texts = [f"t{i}" for i in range(documents)]
-    serving = Serving(SERVING.model, max_client_batch_size=1000, max_input_length=256)
+    serving = ServedModel(SERVING.model, max_client_batch_size=1000, max_input_length=256)
     request = cohere.parse(body(documents=texts), serving)
     reply = json.loads(cohere.render(Answer(request, [0.0] * documents, 1)))
     assert reply["meta"]["billed_units"] == {"search_units": units}

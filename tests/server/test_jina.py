@@ -15,11 +15,11 @@ import pytest
 
 from retrieval_stage.client.providers import batch_cap, error_message
 from retrieval_stage.server import jina
-from retrieval_stage.server.wire import Answer, ApiError, Serving
+from retrieval_stage.server.wire import Answer, ApiError, ServedModel
 
 from ..contracts import contract
 
-SERVING = Serving(model="served/model-a", max_client_batch_size=32, max_input_length=256)
+SERVING = ServedModel(model="served/model-a", max_client_batch_size=32, max_input_length=256)
 QUERY = "how do I delete a directory tree"
 TEXTS = ["json strings", "shutil.rmtree removes a tree", "os.rmdir", "bananas", "pathlib"]
 SCORES = [0.5, 0.9, 0.1, 0.7, 0.3]
