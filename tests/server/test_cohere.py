@@ -1,5 +1,5 @@
 """Cohere's v2 shape for ``POST /v2/rerank`` as pure functions: bodies read, answers and errors
-rendered, each checked against the documented contract (tests/contracts/schemas/cohere.json).
+rendered, each checked against the documented contract (tests/client/contracts/schemas/cohere.json).
 
 Scores are made distinct and out of input order, so a result whose ``index`` does not name its
 own document, or an answer in input order, fails here.
@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from retrieval_stage.client.providers import batch_cap, error_message
+from retrieval_stage.client.error_bodies import batch_cap, error_message
 from retrieval_stage.server import cohere
 from retrieval_stage.server.wire import Answer, ApiError, ServedModel
 
-from ..contracts import contract
+from ..client.contracts import contract
 
 SERVING = ServedModel(model="served/model-a", max_client_batch_size=32, max_input_length=256)
 QUERY = "how do I delete a directory tree"

@@ -4,7 +4,7 @@ loopback, through the clients that speak them: Cohere's own SDK (``cohere.Client
 
 Every score is checked against the same server's TEI answer for the same texts, joined by
 ``index``: a score attached to another document fails here. The SDK's request bodies are
-checked against the documented contract (tests/contracts/schemas/cohere.json).
+checked against the documented contract (tests/client/contracts/schemas/cohere.json).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from retrieval_stage import RerankClient, RerankStatusError
 
-from ..contracts import contract
+from ..client.contracts import contract
 from .served import Served, server_env, start_server
 
 cohere = pytest.importorskip("cohere", reason="the Cohere SDK is in the [test] extra")

@@ -1,6 +1,6 @@
 """Jina's shape for ``POST /v1/rerank`` as pure functions: bodies read (strings or objects with
 ``text``), answers and errors rendered, checked against the documented contract
-(tests/contracts/schemas/jina.json).
+(tests/client/contracts/schemas/jina.json).
 
 Scores are distinct and out of input order, and every document's text is different, so a
 result that carries another document's index or text fails here.
@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from retrieval_stage.client.providers import batch_cap, error_message
+from retrieval_stage.client.error_bodies import batch_cap, error_message
 from retrieval_stage.server import jina
 from retrieval_stage.server.wire import Answer, ApiError, ServedModel
 
-from ..contracts import contract
+from ..client.contracts import contract
 
 SERVING = ServedModel(model="served/model-a", max_client_batch_size=32, max_input_length=256)
 QUERY = "how do I delete a directory tree"
