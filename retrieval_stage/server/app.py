@@ -1,15 +1,17 @@
-"""The ASGI application: ``POST /rerank``, ``GET /info``, ``GET /health``, TEI-compatible.
+"""The ASGI application: ``POST /rerank``, ``GET /info``, ``GET /health``, TEI-compatible, and
+``POST /v2/rerank`` and ``POST /v1/rerank`` in Cohere's and Jina's shapes.
 
 `create_app` builds a Starlette app that any ASGI server can run (``retrieval-stage serve``
 runs it on uvicorn). The model loads in the background once the app starts, so ``/health``
 answers 503 until it is ready, as TEI's does. Starlette's own pattern: the lifespan yields the
 app's state (`Serving`: settings, model, threads, batcher, instruments) and the module-level
-endpoints read it from ``request.state``; every failure is answered by `_failure`, in TEI's
-wire format. The ASGI instrumentation makes one SERVER span per request, continuing the
-caller's ``traceparent``/``tracestate``/``baggage``; the batcher's model batches become child
-spans of it, and each request's attributes, metric point and log line are written in one place
-(`retrieval_stage.server.telemetry`). The app never sets a global tracer or meter provider:
-pass the ones to use, or the globals are asked.
+endpoints read it from ``request.state``; every failure is answered by `_failure`, in the
+route's wire format (TEI's, or the hosted API's: `retrieval_stage.server.cohere`, `.jina`),
+with the same status either way. The ASGI instrumentation makes one SERVER span per request,
+continuing the caller's ``traceparent``/``tracestate``/``baggage``; the batcher's model
+batches become child spans of it, and each request's attributes, metric point and log line
+are written in one place (`retrieval_stage.server.telemetry`). The app never sets a global
+tracer or meter provider: pass the ones to use, or the globals are asked.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypedDict
@@ -36,14 +38,28 @@ from starlette.routing import Route
 from .._log import get_logger
 from .._version import __version__
 from .batcher import Batch, Batcher
+from .cohere import COHERE
+from .jina import JINA
 from .scorers import Group, Scorer, make_scorer, set_threads
 from .settings import ServerSettings
 from .telemetry import RequestRecord, ServerInstruments, record_batch, record_request
-from .wire import ApiError, RerankJob, parse_rerank_body, render_scores, unhealthy
+from .wire import (
+    Answer,
+    ApiError,
+    RerankApi,
+    RerankJob,
+    ServedModel,
+    parse_rerank_body,
+    render_scores,
+    unhealthy,
+)
 
-__all__ = ["ROUTES", "create_app"]
+__all__ = ["APIS", "ROUTES", "create_app"]
 
-ROUTES = ("/rerank", "/info", "/health")
+APIS: dict[str, RerankApi] = {api.path: api for api in (COHERE, JINA)}
+"""The hosted rerank APIs answered beside TEI's ``/rerank``, by path."""
+
+ROUTES = ("/rerank", *APIS, "/info", "/health")
 """The paths served; a span is named after one of these, or only by its method."""
 
 _log = get_logger("retrieval_stage.server")
@@ -159,27 +175,32 @@ async def _load(serving: Serving, on_load_failure: Callable[[BaseException], Non
 # metered. An unexpected error is not ours to word: it goes on to Starlette, which answers 500.
 
 
-def _error(exc: ApiError) -> Response:
-    """TEI's ``{"error", "error_type"}`` body with the error's status."""
-    return Response(exc.body(), status_code=exc.status, media_type="application/json")
+def _error(exc: ApiError, api: RerankApi | None = None) -> Response:
+    """TEI's ``{"error", "error_type"}`` body, or `api`'s own error body, with the error's
+    status (the same status whichever API is spoken)."""
+    body = exc.body() if api is None else api.error_body(exc)
+    return Response(body, status_code=exc.status, media_type="application/json")
 
 
-def _failure(exc: Exception) -> tuple[Response, int, str]:
-    """The answer to a ``POST /rerank`` that failed with `exc`, and the status and error type
-    recorded for it (a caller that hung up is recorded as 499)."""
+def _failure(exc: Exception, api: RerankApi | None = None) -> tuple[Response, int, str]:
+    """The answer to a rerank request that failed with `exc` (in `api`'s shape, TEI's when
+    None), and the status and error type recorded for it (a caller that hung up is recorded
+    as 499)."""
     if isinstance(exc, ApiError):
-        return _error(exc), exc.status, exc.kind
+        return _error(exc, api), exc.status, exc.kind
     if isinstance(exc, ClientDisconnect):
         return Response(status_code=400), 499, "ClientDisconnect"
     raise exc  # the unexpected-error path
 
 
-async def _http_error(_request: Request, exc: Exception) -> Response:
-    """Starlette's own refusals (unknown path, wrong method) in TEI's wire format."""
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (unknown path, wrong method) in TEI's wire format, or in the
+    hosted API's on its path."""
     assert isinstance(exc, HTTPException)
     kinds = {404: "NotFound", 405: "MethodNotAllowed"}
     kind = kinds.get(exc.status_code, "Validation")
-    return _error(ApiError(kind, str(exc.detail), status=exc.status_code))
+    api = APIS.get(request.url.path)
+    return _error(ApiError(kind, str(exc.detail), status=exc.status_code), api)
 
 
 # POST /rerank: parse, hand to the batcher, render.
@@ -197,6 +218,12 @@ class _Scored:
 
 async def _parse(request: Request[State], serving: Serving) -> RerankJob:
     """The request's job, or the refusal TEI gives: not ready, not JSON, too large, invalid."""
+    raw = await _body(request, serving)
+    return parse_rerank_body(raw, max_client_batch_size=serving.settings.max_client_batch_size)
+
+
+async def _body(request: Request[State], serving: Serving) -> bytes:
+    """The request's JSON body, or the refusal: not ready, not JSON, too large."""
     if not serving.ready:
         raise unhealthy()
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -204,8 +231,7 @@ async def _parse(request: Request[State], serving: Serving) -> RerankJob:
         raise ApiError(
             "UnsupportedMediaType", "Expected request with `Content-Type: application/json`"
         )
-    raw = await _read_body(request, serving.settings.payload_limit)
-    return parse_rerank_body(raw, max_client_batch_size=serving.settings.max_client_batch_size)
+    return await _read_body(request, serving.settings.payload_limit)
 
 
 async def _read_body(request: Request[State], limit: int) -> bytes:
@@ -263,9 +289,13 @@ async def _score(serving: Serving, job: RerankJob, context: otel_context.Context
     return _Scored(scores, total, ticket.batches, ticket.queue_wait)
 
 
-def _render(serving: Serving, job: RerankJob, scored: _Scored, started: float) -> Response:
-    """The scores in the job's shape, with TEI's compute and timing headers."""
-    body = render_scores(job, scored.scores)
+def _render(
+    serving: Serving, job: RerankJob, scored: _Scored, started: float, body: bytes | None = None
+) -> Response:
+    """The scores in the job's shape (or `body`, already rendered in a hosted API's), with
+    TEI's compute and timing headers."""
+    if body is None:
+        body = render_scores(job, scored.scores)
     total = time.monotonic() - started
     inference = max(total - scored.queue_wait, 0.0)
     chars = len(job.query) * len(job.texts) + sum(len(t) for t in job.texts)
@@ -300,6 +330,44 @@ async def rerank(request: Request[State]) -> Response:
         return response
     finally:
         record_request(span, serving.instruments, record, serving.scorer.model_id)
+
+
+def _hosted(api: RerankApi) -> Callable[[Request[State]], Awaitable[Response]]:
+    """The endpoint for `api`'s path: ``/rerank``'s steps with `api`'s parsing, rendering and
+    error shape, recorded under its shape (known from the path, so a refused body counts too)."""
+
+    async def endpoint(request: Request[State]) -> Response:
+        serving = request.state["server"]
+        record = RequestRecord(started=time.monotonic(), shape=api.shape)
+        span = trace.get_current_span()
+        try:
+            raw = await _body(request, serving)
+            served = ServedModel(
+                serving.scorer.model_id,
+                serving.settings.max_client_batch_size,
+                serving.scorer.max_input_length,
+            )
+            asked = api.parse(raw, served)
+            record.texts = len(asked.job.texts)
+            scored = await _score(serving, asked.job, otel_context.get_current())
+            body = api.render(Answer(asked, scored.scores, scored.tokens))
+            response = _render(serving, asked.job, scored, record.started, body)
+            record.tokens, record.batches = scored.tokens, scored.batches
+            record.queue_wait = scored.queue_wait
+            return response
+        except Exception as exc:
+            response, record.status, record.error_type = _failure(exc, api)
+            return response
+        finally:
+            record_request(span, serving.instruments, record, serving.scorer.model_id)
+
+    endpoint.__name__ = endpoint.__qualname__ = f"{api.shape}_rerank"
+    endpoint.__doc__ = f"``POST {api.path}``: {api.shape}'s rerank shape (`_hosted`)."
+    return endpoint
+
+
+cohere_rerank = _hosted(COHERE)
+jina_rerank = _hosted(JINA)
 
 
 async def info(request: Request[State]) -> Response:
@@ -370,6 +438,8 @@ def create_app(
     return Starlette(
         routes=[
             Route("/rerank", rerank, methods=["POST"]),
+            Route(COHERE.path, cohere_rerank, methods=["POST"]),
+            Route(JINA.path, jina_rerank, methods=["POST"]),
             Route("/info", info, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
         ],

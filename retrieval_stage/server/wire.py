@@ -11,28 +11,47 @@ Two request shapes reach ``POST /rerank``:
 Errors take TEI's body ``{"error", "error_type"}`` and its status codes. A message names the
 field that was wrong and never quotes the caller's query or texts: they may be private, and
 they would end up in the caller's logs.
+
+``POST /v2/rerank`` (Cohere's shape, `retrieval_stage.server.cohere`) and ``POST /v1/rerank``
+(Jina's, `retrieval_stage.server.jina`) read their bodies with the helpers here into the same
+`RerankJob`, with the API's own options beside it (`ApiRequest`), and say their errors in their
+own body shapes with the same statuses (`RerankApi`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
+    "Answer",
     "ApiError",
+    "ApiRequest",
+    "RerankApi",
     "RerankJob",
+    "ServedModel",
     "Shape",
     "batch_too_large",
+    "check_model",
+    "decode_object",
+    "flag",
+    "json_kind",
+    "listed",
+    "model_not_served",
     "overloaded",
     "parse_rerank_body",
+    "query_of",
+    "ranked",
     "render_scores",
+    "string",
+    "top_n",
     "unhealthy",
 ]
 
-Shape = Literal["tei", "sidecar"]
+Shape = Literal["tei", "sidecar", "cohere", "jina"]
 
 # TEI's error types and the status each one answers with (router v1.9: Validation is 422,
 # an empty `texts` is its own 400, a full queue 429, a failed model 424, not ready 503).
@@ -47,6 +66,7 @@ ERROR_STATUS = {
     "NotFound": 404,
     "MethodNotAllowed": 405,
     "UnsupportedMediaType": 415,
+    "ModelNotFound": 404,
 }
 
 
@@ -80,6 +100,15 @@ def unhealthy() -> ApiError:
     return ApiError("Unhealthy", "unhealthy")
 
 
+def model_not_served(asked: str, served: str) -> ApiError:
+    """A request naming a model this server does not run: 404, naming both (as vLLM answers
+    an unknown model), so the caller sees at once what to ask for instead."""
+    return ApiError(
+        "ModelNotFound",
+        f"the model `{asked}` is not served here: this server serves `{served}`",
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class RerankJob:
     """One checked ``POST /rerank``: the query, the texts in input order, and how to answer.
@@ -96,7 +125,7 @@ class RerankJob:
     truncate: bool | None = None
 
 
-def _kind(value: Any) -> str:
+def json_kind(value: Any) -> str:
     """A JSON value's type name, for messages (never the value itself)."""
     if value is None:
         return "null"
@@ -111,20 +140,23 @@ def _kind(value: Any) -> str:
     return "an object"
 
 
-def _flag(body: dict[str, Any], name: str, default: bool | None) -> bool | None:
+def flag(body: dict[str, Any], name: str, default: bool | None) -> bool | None:
+    """The optional boolean `name` (null counts as absent where `default` is None)."""
     value = body.get(name, default)
     if value is None or isinstance(value, bool):
         return value
-    raise ApiError("Validation", f"`{name}` must be a boolean, got {_kind(value)}")
+    raise ApiError("Validation", f"`{name}` must be a boolean, got {json_kind(value)}")
 
 
-def _text(value: Any, where: str) -> str:
+def string(value: Any, where: str) -> str:
+    """`value`, which must be a string; the error names the field at `where`."""
     if not isinstance(value, str):
-        raise ApiError("Validation", f"`{where}` must be a string, got {_kind(value)}")
+        raise ApiError("Validation", f"`{where}` must be a string, got {json_kind(value)}")
     return value
 
 
-def _decode(raw: bytes) -> dict[str, Any]:
+def decode_object(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object: not JSON is a 400, another JSON value a 422."""
     try:
         body = json.loads(raw)
     except RecursionError:
@@ -136,8 +168,52 @@ def _decode(raw: bytes) -> dict[str, Any]:
         where = " (not UTF-8)"
         raise ApiError("Validation", f"the body is not valid JSON{where}", status=400) from None
     if not isinstance(body, dict):
-        raise ApiError("Validation", f"the body must be a JSON object, got {_kind(body)}")
+        raise ApiError("Validation", f"the body must be a JSON object, got {json_kind(body)}")
     return body
+
+
+def listed(body: dict[str, Any], field: str, cap: int) -> list[Any]:
+    """`body[field]` as a non-empty list of at most `cap` items; TEI's errors otherwise (the
+    over-cap refusal in TEI's words, which clients read the cap from)."""
+    if field not in body:
+        raise ApiError("Validation", f"missing field `{field}`")
+    items = body[field]
+    if not isinstance(items, list):
+        raise ApiError("Validation", f"`{field}` must be an array, got {json_kind(items)}")
+    if not items:
+        raise ApiError("Empty", f"`{field}` cannot be empty")
+    if len(items) > cap:
+        raise batch_too_large(len(items), cap)
+    return items
+
+
+def top_n(body: dict[str, Any]) -> int | None:
+    """The optional ``top_n``: a positive integer, or None when absent or null (all results)."""
+    value = body.get("top_n")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError("Validation", f"`top_n` must be an integer, got {json_kind(value)}")
+    if value < 1:
+        raise ApiError("Validation", f"`top_n` must be at least 1, got {value}")
+    return value
+
+
+def query_of(body: dict[str, Any]) -> str:
+    """The required string ``query``."""
+    if "query" not in body:
+        raise ApiError("Validation", "missing field `query`")
+    return string(body["query"], "query")
+
+
+def check_model(body: dict[str, Any], served: str) -> str:
+    """The request's required ``model``, which must name the served model."""
+    if "model" not in body:
+        raise ApiError("Validation", "missing field `model`")
+    asked = string(body["model"], "model")
+    if asked != served:
+        raise model_not_served(asked, served)
+    return asked
 
 
 def parse_rerank_body(raw: bytes, *, max_client_batch_size: int) -> RerankJob:
@@ -146,7 +222,7 @@ def parse_rerank_body(raw: bytes, *, max_client_batch_size: int) -> RerankJob:
     Malformed JSON is a 400, a body of the wrong form a 422, an empty list of texts TEI's 400
     ``Empty``, more texts than `max_client_batch_size` TEI's 422 refusal that states the cap.
     """
-    body = _decode(raw)
+    body = decode_object(raw)
     has_texts, has_documents = "texts" in body, "documents" in body
     if has_texts == has_documents:
         raise ApiError(
@@ -154,19 +230,10 @@ def parse_rerank_body(raw: bytes, *, max_client_batch_size: int) -> RerankJob:
             "give either `texts` (TEI's shape) or `documents` (the sidecar's), not "
             + ("both" if has_texts else "neither"),
         )
-    if "query" not in body:
-        raise ApiError("Validation", "missing field `query`")
-    query = _text(body["query"], "query")
-    items = body["texts"] if has_texts else body["documents"]
-    field = "texts" if has_texts else "documents"
-    if not isinstance(items, list):
-        raise ApiError("Validation", f"`{field}` must be an array, got {_kind(items)}")
-    if not items:
-        raise ApiError("Empty", f"`{field}` cannot be empty")
-    if len(items) > max_client_batch_size:
-        raise batch_too_large(len(items), max_client_batch_size)
+    query = query_of(body)
+    items = listed(body, "texts" if has_texts else "documents", max_client_batch_size)
     if has_texts:
-        texts = tuple(_text(t, f"texts[{i}]") for i, t in enumerate(items))
+        texts = tuple(string(t, f"texts[{i}]") for i, t in enumerate(items))
         direction = body.get("truncation_direction", "Right")
         if direction not in ("Right", "right"):
             # The models truncate on the right; cutting the start instead is not offered.
@@ -178,9 +245,9 @@ def parse_rerank_body(raw: bytes, *, max_client_batch_size: int) -> RerankJob:
             shape="tei",
             query=query,
             texts=texts,
-            raw_scores=bool(_flag(body, "raw_scores", False)),
-            return_text=bool(_flag(body, "return_text", False)),
-            truncate=_flag(body, "truncate", None),
+            raw_scores=bool(flag(body, "raw_scores", False)),
+            return_text=bool(flag(body, "return_text", False)),
+            truncate=flag(body, "truncate", None),
         )
     ids: list[str] = []
     texts_list: list[str] = []
@@ -188,12 +255,12 @@ def parse_rerank_body(raw: bytes, *, max_client_batch_size: int) -> RerankJob:
     for i, document in enumerate(items):
         if not isinstance(document, dict):
             raise ApiError(
-                "Validation", f"`documents[{i}]` must be an object, got {_kind(document)}"
+                "Validation", f"`documents[{i}]` must be an object, got {json_kind(document)}"
             )
         for key in ("id", "text"):
             if key not in document:
                 raise ApiError("Validation", f"`documents[{i}]` has no `{key}`")
-        doc_id = _text(document["id"], f"documents[{i}].id")
+        doc_id = string(document["id"], f"documents[{i}].id")
         if doc_id in seen:
             # Scores are answered by id: two documents with one id could not be told apart.
             raise ApiError(
@@ -201,8 +268,20 @@ def parse_rerank_body(raw: bytes, *, max_client_batch_size: int) -> RerankJob:
             )
         seen[doc_id] = i
         ids.append(doc_id)
-        texts_list.append(_text(document["text"], f"documents[{i}].text"))
+        texts_list.append(string(document["text"], f"documents[{i}].text"))
     return RerankJob(shape="sidecar", query=query, texts=tuple(texts_list), ids=tuple(ids))
+
+
+def ranked(job: RerankJob, scores: Sequence[float]) -> list[int]:
+    """The texts' indices best first (ties in input order), once the scores are checked: one
+    per text, every one finite. A bad score is a model failure (TEI: ``score is NaN``, 424),
+    never sent."""
+    if len(scores) != len(job.texts):
+        raise ApiError("Backend", f"the model returned {len(scores)} scores for {len(job.texts)}")
+    for score in scores:
+        if not math.isfinite(score):
+            raise ApiError("Backend", "score is NaN" if math.isnan(score) else "score is infinite")
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))
 
 
 def render_scores(job: RerankJob, scores: Sequence[float]) -> bytes:
@@ -211,17 +290,12 @@ def render_scores(job: RerankJob, scores: Sequence[float]) -> bytes:
     TEI's shape is sorted best first, ties in input order; the sidecar's stays in input order.
     A score that is not finite is a model failure (TEI: ``score is NaN``, 424), never sent.
     """
-    if len(scores) != len(job.texts):
-        raise ApiError("Backend", f"the model returned {len(scores)} scores for {len(job.texts)}")
-    for score in scores:
-        if not math.isfinite(score):
-            raise ApiError("Backend", "score is NaN" if math.isnan(score) else "score is infinite")
+    order = ranked(job, scores)
     if job.shape == "sidecar":
         assert job.ids is not None
         return json.dumps(
             {"scores": [{"id": i, "score": s} for i, s in zip(job.ids, scores, strict=True)]}
         ).encode()
-    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
     if job.return_text:
         ranks: list[dict[str, Any]] = [
             {"index": i, "text": job.texts[i], "score": scores[i]} for i in order
@@ -229,3 +303,53 @@ def render_scores(job: RerankJob, scores: Sequence[float]) -> bytes:
     else:
         ranks = [{"index": i, "score": scores[i]} for i in order]
     return json.dumps(ranks).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """What a request is checked against: the served model's name, the texts one request may
+    hold, and the longest input in tokens the model reads."""
+
+    model: str
+    max_client_batch_size: int
+    max_input_length: int
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRequest:
+    """One checked request of a hosted rerank API's shape: the job, and the options beside it.
+
+    `top_n` None answers every text. `return_documents` adds each text to its result (Jina's).
+    """
+
+    job: RerankJob
+    model: str
+    top_n: int | None = None
+    return_documents: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a response body is made of: the request (whose model is the served one), one score
+    per text in input order, and the tokens the model read."""
+
+    request: ApiRequest
+    scores: Sequence[float]
+    tokens: int
+
+    def order(self) -> list[int]:
+        """The indices to answer, best first (ties in input order), cut to ``top_n``."""
+        return ranked(self.request.job, self.scores)[: self.request.top_n]
+
+
+@dataclass(frozen=True, slots=True)
+class RerankApi:
+    """One hosted rerank API the server speaks: its path, how it reads a body (checking the
+    model against the served one), renders an answer, and says an error."""
+
+    shape: Shape
+    path: str
+    parse: Callable[[bytes, ServedModel], ApiRequest]
+    """The checked request from a body, or `ApiError` saying what was wrong."""
+    render: Callable[[Answer], bytes]
+    error_body: Callable[[ApiError], bytes]
