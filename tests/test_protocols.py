@@ -265,6 +265,22 @@ def test_good_stage_options_pass_their_rules() -> None:
     validate.stage_options({})
 
 
+@pytest.mark.parametrize("options", [{"min_scor": 0.1}, {"reranker": NullReranker()}])
+def test_an_adapter_from_settings_names_the_stage_when_refusing_a_keyword(
+    options: dict[str, Any],
+) -> None:
+    """A keyword the stage does not take is refused at construction, naming the stage as
+    building one would, whether the adapter got a reranker or settings."""
+    with pytest.raises(TypeError) as by_stage:
+        Stages(NullReranker(), top_k=None, settings=None, stage_options=options)
+    with pytest.raises(TypeError) as by_settings:
+        Stages(None, top_k=None, settings=RerankSettings(), stage_options=options)
+    key = next(iter(options))
+    for refused in (by_stage.value, by_settings.value):
+        assert str(refused).startswith("RerankStage.__init__() ")
+        assert f"argument '{key}'" in str(refused)
+
+
 @pytest.mark.parametrize(("option", "bad"), BAD_STAGE_OPTIONS)
 def test_an_adapter_from_settings_checks_its_stage_options_without_building_a_stage(
     option: str, bad: Any, monkeypatch: pytest.MonkeyPatch

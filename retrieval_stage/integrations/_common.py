@@ -66,7 +66,10 @@ class Stages:
                 self.settings = RerankSettings.from_env()
             # A misspelt option fails here as it would building the stage (TypeError), a bad
             # value with the stage's own rule (`InvalidSetting`); no stage is built.
-            _STAGE_SIGNATURE.bind(None, **self.options)
+            try:
+                _STAGE_SIGNATURE.bind(None, **self.options)
+            except TypeError as exc:  # say whose keyword it is, as building the stage does
+                raise TypeError(f"RerankStage.__init__() {exc}") from None
             validate.stage_options(self.options)
 
     @property
