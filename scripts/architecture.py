@@ -67,10 +67,16 @@ def module_name(path: Path, root: Path) -> str:
 
 
 def room_of(module: str) -> str:
-    """The room a module stands in: its sub-package folder, or itself at the top level."""
+    """The room a module stands in: its sub-package folder, or itself at the top level.
+
+    A ``__main__`` module is an entry point that nothing imports (``python -m ...`` runs it), so
+    it is a room of its own (``server/__main__``) and may stand above the wings it starts.
+    """
     parts = module.split(".")
     if len(parts) == 1:
         return "__init__"
+    if parts[-1] == "__main__" and len(parts) > 2:
+        return f"{parts[1]}/__main__"
     return parts[1]
 
 
