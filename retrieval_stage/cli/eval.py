@@ -24,6 +24,7 @@ from openinference.instrumentation import get_span_kind_attributes
 from openinference.semconv.trace import OpenInferenceSpanKindValues
 from rich.text import Text
 
+from .._install import install_hint
 from ..errors import RerankError
 from ..models import Candidate
 from ..telemetry.otlp import DEFAULT_SERVICE_NAME
@@ -275,7 +276,7 @@ def _phoenix_target(given: str) -> str:
     except ImportError:
         fail(
             EXIT_USAGE,
-            "--phoenix needs the [phoenix] extra: pip install 'retrieval-stage[phoenix]'",
+            f"--phoenix needs the [phoenix] extra: {install_hint('phoenix')}",
         )
     # Phoenix takes OTLP/HTTP at <url>/v1/traces: the spans must go where the judgements go.
     os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = f"{url}/v1/traces"

@@ -2,7 +2,7 @@
 
 Kept free of I/O so every rule is unit-tested with an injected clock and randomness.
 
-Policy (documented in the README):
+Policy (documented in docs/reliability.md):
 
 - retried: 408, 429, 500, 502, 503, 504, transport failures (connect errors, connect/read/
   write/pool timeouts, connection resets, the server breaking HTTP); TEI's 424 (backend error)

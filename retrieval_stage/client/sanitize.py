@@ -1,7 +1,7 @@
 """A server's error body reduced to its own words, safe to quote in an error, log or span.
 
 A server's error may echo what it was sent: FastAPI's validation errors carry the submitted
-documents in ``input``, TEI and others quote a too-long query. The README promises that logs
+documents in ``input``, TEI and others quote a too-long query. docs/library.md promises that logs
 and spans carry no query or document text (also with ``OPENINFERENCE_HIDE_INPUTS``), so every
 error body goes through `server_text` before any `RerankError` quotes it:
 

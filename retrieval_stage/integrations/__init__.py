@@ -1,10 +1,11 @@
 """Adapters that put `RerankStage` where users already rerank: LlamaIndex, LangChain, Haystack.
 
-Each framework is imported only by its own module, behind its own extra:
+Each framework is imported only by its own module, behind its own extra (installed from a
+clone; each brings the framework's OpenInference instrumentor too):
 
-``retrieval_stage.integrations.llama_index``  ``pip install 'retrieval-stage[llama-index]'``
-``retrieval_stage.integrations.langchain``    ``pip install 'retrieval-stage[langchain]'``
-``retrieval_stage.integrations.haystack``     ``pip install 'retrieval-stage[haystack]'``
+``retrieval_stage.integrations.llama_index``  ``pip install -e '.[llama-index]'``
+``retrieval_stage.integrations.langchain``    ``pip install -e '.[langchain]'``
+``retrieval_stage.integrations.haystack``     ``pip install -e '.[haystack]'``
 
 Every adapter is called ``RetrievalStageRerank`` and built the same way,
 ``RetrievalStageRerank(reranker=None, *, top_k=None, settings=None, **stage_options)``. It turns

@@ -1,6 +1,6 @@
 """`RetrievalStageRerank` for Haystack 3: a component that reranks through `RerankStage`.
 
-``pip install 'retrieval-stage[haystack]'``. Add it to a pipeline after a retriever
+From a clone: ``pip install -e '.[haystack]'``. Add it to a pipeline after a retriever
 (``pipeline.add_component("rerank", RetrievalStageRerank(settings=...))``) and connect
 ``retriever.documents`` to ``rerank.documents``.
 

