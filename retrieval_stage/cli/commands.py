@@ -46,6 +46,7 @@ from .render import (
 from .reranker import Chosen
 from .serve import serve
 from .session import session
+from .tiers import say_tiers
 
 __all__ = ["app", "main"]
 
@@ -333,6 +334,7 @@ def rerank(
             Text(f"reranked {len(candidates)} candidates with ", style="dim")
             + Text(chosen.label, style="dim")
         )
+        say_tiers(stderr, chosen, tracing.tally.chain_calls)
         if chosen.hint:
             note(stderr, chosen.hint, style="yellow")
 

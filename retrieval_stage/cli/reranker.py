@@ -63,6 +63,8 @@ class Chosen:
     close: Callable[[], None] = field(default=lambda: None)
     why: str | None = None
     embedder: Any = None
+    tiers: tuple[str, ...] = ()
+    """A chain's tiers, each as the label names it (empty: not a chain)."""
 
     @property
     def base_url(self) -> str | None:
@@ -187,8 +189,8 @@ def _chain(tiers: list[RerankSettings]) -> Chosen:
     except (TypeError, ValueError) as exc:  # a client's own checks
         fail(EXIT_USAGE, str(exc))
     assert isinstance(chain, RerankerChain)
-    label = "a chain of " + ", then ".join(_tier_label(t) for t in tiers)
-    return Chosen(chain, label, close=chain.close)
+    labels = tuple(_tier_label(t) for t in tiers)
+    return Chosen(chain, "a chain of " + ", then ".join(labels), close=chain.close, tiers=labels)
 
 
 def _tier_label(settings: RerankSettings) -> str:

@@ -27,19 +27,25 @@ from .console import EXIT_USAGE, err, fail, note
 from .failure import Witness
 from .options import DEFAULT_TELEMETRY_TIMEOUT_S, RerankOptions
 from .reranker import Chosen, choose_reranker
+from .tiers import TierOutcome, tier_outcome
 
 __all__ = ["Destination", "Tracing", "session", "start_tracing"]
 
 
 class _Tally(SpanProcessor):
-    """A span processor that counts finished spans per trace, for the closing summary."""
+    """A span processor that counts finished spans per trace, for the closing summary, and
+    keeps what each chain call's span says of its tiers (`chain_calls`, in order)."""
 
     def __init__(self) -> None:
         self.spans = 0
         self.traces: dict[str, list[str]] = {}
+        self.chain_calls: list[TierOutcome] = []
 
     def on_end(self, span: ReadableSpan) -> None:
         self.spans += 1
+        outcome = tier_outcome(span)
+        if outcome is not None:
+            self.chain_calls.append(outcome)
         trace_id = format(span.context.trace_id, "032x") if span.context else "?"
         kind = (span.attributes or {}).get(SpanAttributes.OPENINFERENCE_SPAN_KIND)
         label = f"{span.name} ({kind})" if kind else span.name
