@@ -34,7 +34,7 @@ from ..errors import RerankError
 from ..failover import RerankerChain
 from ..validate import InvalidSetting
 from .console import COMPOSE_HINT, EXIT_FAILURE, EXIT_USAGE, err, fail
-from .options import OPTION_OF_FIELD, RerankerChoice, RerankOptions
+from .options import ENV_OF_FIELD, OPTION_OF_FIELD, RerankerChoice, RerankOptions
 
 __all__ = [
     "Chosen",
@@ -122,6 +122,8 @@ def tiers_of(options: RerankOptions) -> list[RerankSettings]:
             )
         except InvalidSetting as exc:
             option = OPTION_OF_FIELD.get(exc.field, exc.field)
+            if exc.field in options.from_env:  # the user typed the variable, not the option
+                option = ENV_OF_FIELD[exc.field]
             if exc.field == "api_key" and n > 0:
                 option = f"RERANK_API_KEY_{n}"
             which = f" (--endpoint {n + 1} of {count}, {shown_url(endpoint)})" if count > 1 else ""
