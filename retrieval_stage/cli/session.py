@@ -115,6 +115,8 @@ class Tracing:
     shutdown_timeout: float = DEFAULT_TELEMETRY_TIMEOUT_S
     flush_first: list[Any] = dc_field(default_factory=list)
     report: ShutdownReport | None = None
+    heard: list[dict[str, Any]] = dc_field(default_factory=list)
+    """The telemetry log events the summary says in words (`SAID_IN_THE_SUMMARY`)."""
 
     def stage(self, chosen: Chosen, top_k: int | None, *, on_error: str = "raise") -> Any:
         """The command's `RerankStage`, traced and metered here.
@@ -148,10 +150,11 @@ class Tracing:
             return "spans: none recorded"
         traces = list(self.tally.traces)
         which = f"trace {traces[0]}" if len(traces) == 1 else f"{len(traces)} traces"
-        head = f"spans: {self.tally.spans} in {which}"
+        # This process's spans only: a server it called adds its own to the same trace.
+        head = f"spans: {self.tally.spans} from this process in {which}"
         if self.destinations:
             outcomes = [d.outcome(self.tally.spans, self.report) for d in self.destinations]
-            return f"{head}, {' and '.join(outcomes)}"
+            return f"{head}, {' and '.join(outcomes)}{self._metrics_words()}"
         root, *children = self.tally.traces[traces[0]]
         counted = Counter(children)
         shown = ", ".join(f"{n}x {label}" if n > 1 else label for label, n in counted.items())
@@ -160,6 +163,20 @@ class Tracing:
             f"{head} ({names}) — not exported: set OTEL_EXPORTER_OTLP_ENDPOINT "
             "(e.g. http://localhost:4318) or pass --trace-file FILE"
         )
+
+    def _metrics_words(self) -> str:
+        """What became of the metrics, when not all of them arrived: the endpoint refused them
+        (``telemetry.metrics_disabled``) or points were lost at exit."""
+        said = ""
+        for event in self.heard:
+            if event.get("event") == "telemetry.metrics_disabled":
+                status = event.get("status")
+                answered = f" (HTTP {status})" if status else ""
+                said += f"; metrics not sent: {event.get('endpoint')} refused them{answered}"
+        points = self.report.metric_points_not_delivered if self.report else 0
+        if points:
+            said += f"; {points} metric points not delivered"
+        return said
 
 
 class _Discard(SpanExporter):
@@ -277,17 +294,28 @@ SAID_BY_THE_COMMAND = frozenset({"rerank.fallback", "rerank.failed"})
 """Log events the command prints in words itself (``fallback: ...``, ``error: rerank
 failed: ...``): at the default level their log line would only say it twice. --log-level
 info or debug shows them."""
+SAID_IN_THE_SUMMARY = frozenset({"telemetry.metrics_disabled", "telemetry.undelivered"})
+"""Telemetry log events the closing ``spans:`` line says in words (what was refused or not
+delivered): at the default level they are kept for it instead of printed as JSON."""
 
 
-def _not_said_twice(_: Any, __: str, event: Any) -> Any:
-    import structlog
+def _not_said_twice(heard: list[dict[str, Any]]) -> Any:
+    def drop(_: Any, __: str, event: Any) -> Any:
+        import structlog
 
-    if event.get("event") in SAID_BY_THE_COMMAND:
-        raise structlog.DropEvent
-    return event
+        name = event.get("event")
+        if name in SAID_IN_THE_SUMMARY:
+            heard.append(dict(event))
+        if name in SAID_BY_THE_COMMAND or name in SAID_IN_THE_SUMMARY:
+            raise structlog.DropEvent
+        return event
+
+    return drop
 
 
-def _logging(level: str, endpoints: Sequence[str] | None = None) -> None:
+def _logging(
+    level: str, endpoints: Sequence[str] | None = None, heard: list[dict[str, Any]] | None = None
+) -> None:
     """JSON logs on stderr (rendered for a terminal), with the `endpoints`' secrets scrubbed:
     a logged error can quote a service that echoed the request URL."""
     import structlog
@@ -300,7 +328,7 @@ def _logging(level: str, endpoints: Sequence[str] | None = None) -> None:
         fail(EXIT_USAGE, f"--log-level: unknown level {level!r}")
     *processors, renderer = structlog.get_config()["processors"]
     if logging.getLevelName(level.upper()) >= logging.WARNING:
-        processors.append(_not_said_twice)
+        processors.append(_not_said_twice([] if heard is None else heard))
     structlog.configure(processors=[*processors, renderer])
     if not endpoints:
         return
@@ -320,12 +348,14 @@ def _logging(level: str, endpoints: Sequence[str] | None = None) -> None:
 @contextmanager
 def session(options: RerankOptions) -> Iterator[tuple[Chosen, Tracing]]:
     """Logging, tracing and the reranker for one command; flushes spans and says where."""
-    _logging(options.log_level, options.endpoint)
+    heard: list[dict[str, Any]] = []
+    _logging(options.log_level, options.endpoint, heard)
     tracing = start_tracing(
         options.trace_file,
         project=options.project,
         shutdown_timeout=options.telemetry_timeout,
     )
+    tracing.heard = heard
     try:
         chosen = choose_reranker(options)
         try:
