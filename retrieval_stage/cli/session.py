@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import quote, urlsplit
 
 from openinference.semconv.trace import SpanAttributes
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .._redact import scrubbed_message
+from ..telemetry import PROJECT_NAME
 from ..telemetry.otlp import DEFAULT_SERVICE_NAME
 from ..telemetry.shutdown import ShutdownReport
 from .console import EXIT_USAGE, err, fail, note
@@ -117,6 +119,10 @@ class Tracing:
     report: ShutdownReport | None = None
     heard: list[dict[str, Any]] = dc_field(default_factory=list)
     """The telemetry log events the summary says in words (`SAID_IN_THE_SUMMARY`)."""
+    otlp_base: str | None = None
+    """The OTLP traces endpoint's scheme and host, where Arize Phoenix would serve its UI."""
+    phoenix_page: str | None = None
+    """The Phoenix project page the spans landed in, once `look_for_phoenix` found one."""
 
     def stage(self, chosen: Chosen, top_k: int | None, *, on_error: str = "raise") -> Any:
         """The command's `RerankStage`, traced and metered here.
@@ -154,7 +160,8 @@ class Tracing:
         head = f"spans: {self.tally.spans} from this process in {which}"
         if self.destinations:
             outcomes = [d.outcome(self.tally.spans, self.report) for d in self.destinations]
-            return f"{head}, {' and '.join(outcomes)}{self._metrics_words()}"
+            page = f"; open {self.phoenix_page} (Phoenix)" if self.phoenix_page else ""
+            return f"{head}, {' and '.join(outcomes)}{page}{self._metrics_words()}"
         root, *children = self.tally.traces[traces[0]]
         counted = Counter(children)
         shown = ", ".join(f"{n}x {label}" if n > 1 else label for label, n in counted.items())
@@ -163,6 +170,29 @@ class Tracing:
             f"{head} ({names}) — not exported: set OTEL_EXPORTER_OTLP_ENDPOINT "
             "(e.g. http://localhost:4318) or pass --trace-file FILE"
         )
+
+    def look_for_phoenix(self) -> None:
+        """After a delivery to OTLP: ask the endpoint's host, as Arize Phoenix's REST API, for
+        the project's id, so the summary can name the page to open. Anything else there (a
+        collector) answers otherwise and nothing is said; bounded by the telemetry timeout."""
+        if self.otlp_base is None or (self.report and self.report.spans_not_delivered):
+            return
+        import httpx
+
+        project = str(self.provider.resource.attributes.get(PROJECT_NAME) or "")
+        if not project:
+            return
+        try:
+            reply = httpx.get(
+                f"{self.otlp_base}/v1/projects/{quote(project, safe='')}",
+                timeout=self.shutdown_timeout,
+                follow_redirects=False,
+            )
+            found = reply.json()["data"]["id"] if reply.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return
+        if isinstance(found, str) and found:
+            self.phoenix_page = f"{self.otlp_base}/projects/{quote(found, safe='')}"
 
     def _metrics_words(self) -> str:
         """What became of the metrics, when not all of them arrived: the endpoint refused them
@@ -263,7 +293,7 @@ def start_tracing(
         )
     tally = _Tally()
     provider.add_span_processor(tally)
-    return Tracing(
+    tracing = Tracing(
         provider,
         destinations,
         tally,
@@ -271,6 +301,11 @@ def start_tracing(
         shutdown_timeout=shutdown_timeout,
         flush_first=flush_first,
     )
+    if traces_on:
+        parts = urlsplit(otlp_target("traces").shown)
+        if parts.scheme in ("http", "https") and parts.netloc:
+            tracing.otlp_base = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    return tracing
 
 
 def _start_metrics(shutdown_timeout: float) -> Any:
@@ -365,4 +400,5 @@ def session(options: RerankOptions) -> Iterator[tuple[Chosen, Tracing]]:
     finally:
         tracing.shutdown()  # traces and metrics together, at most --telemetry-timeout
         if tracing.tally.spans:
+            tracing.look_for_phoenix()
             note(err(), tracing.summary())

@@ -38,6 +38,17 @@ class _PhoenixLike(http.server.BaseHTTPRequestHandler):
         self.send_header("content-length", "0")
         self.end_headers()
 
+    def do_GET(self) -> None:
+        # Phoenix's REST API: a project by name, with the id its UI pages are under.
+        name = self.path.removeprefix("/v1/projects/")
+        found = name != self.path and "/" not in name
+        body = json.dumps({"data": {"id": "UHJvamVjdDox", "name": name}}).encode()
+        self.send_response(200 if found else 404)
+        self.send_header("content-length", str(len(body) if found else 0))
+        self.end_headers()
+        if found:
+            self.wfile.write(body)
+
     def log_message(self, *args: object) -> None:
         """Quiet."""
 
@@ -91,7 +102,8 @@ def test_metrics_refused_with_405_are_said_once_and_no_sdk_line_reaches_the_term
     assert "/v1/metrics" in posts
     said = " ".join(result.stderr.split())
     refused = f"metrics not sent: {url}/v1/metrics refused them (HTTP 405)"
-    assert f"sent to OTLP at {url}/v1/traces; {refused}" in said
+    page = f"open {url}/projects/UHJvamVjdDox (Phoenix)"
+    assert f"sent to OTLP at {url}/v1/traces; {page}; {refused}" in said
     assert said.count("metrics not sent") == 1
 
 
@@ -241,3 +253,54 @@ def test_after_a_human_error_no_json_line_repeats_what_was_not_delivered(closed_
     assert lines[0].startswith(f"error: rerank failed: could not connect to {closed_port}")
     assert not [line for line in lines if line.lstrip().startswith("{")]
     assert "spans not delivered" in " ".join(result.stderr.split())
+
+
+def test_spans_sent_to_phoenix_name_the_project_page_to_open(
+    phoenix_like: tuple[str, list[str]],
+) -> None:
+    url, _ = phoenix_like
+    result = run_script(
+        "rerank", "-q", "rust", "--reranker", "lexical", stdin=CANDIDATES,
+        OTEL_EXPORTER_OTLP_ENDPOINT=url,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"sent to OTLP at {url}/v1/traces; open {url}/projects/UHJvamVjdDox (Phoenix)" in said
+
+
+def test_spans_sent_to_a_collector_name_no_phoenix_page() -> None:
+    # An OTLP receiver that is not Phoenix: its GETs are 404.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CollectorLike)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = run_script(
+            "rerank", "-q", "rust", "--reranker", "lexical", stdin=CANDIDATES,
+            OTEL_EXPORTER_OTLP_ENDPOINT=url,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 0, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"sent to OTLP at {url}/v1/traces" in said
+    assert "Phoenix" not in said
+
+
+class _CollectorLike(http.server.BaseHTTPRequestHandler):
+    """Takes OTLP traces and metrics; any GET is 404, as the Collector's receiver answers."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self.send_response(404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        """Quiet."""
