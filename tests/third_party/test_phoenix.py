@@ -107,8 +107,9 @@ def _demo(phoenix: str, *args: str) -> Run:
         timeout=120,
         check=False,
     )
-    found = re.search(r"spans: (\d+) in trace ([0-9a-f]{32}), sent to OTLP", done.stderr)
-    assert found, f"no 'spans: N in trace ...' line; stderr:\n{done.stderr}"
+    said = " ".join(done.stderr.split())  # the line wraps at the terminal's width
+    found = re.search(r"spans: (\d+) from this process in trace ([0-9a-f]{32}), sent to OTLP", said)
+    assert found, f"no 'spans: N from this process in trace ...' line; stderr:\n{done.stderr}"
     return Run(done, found.group(2), int(found.group(1)))
 
 
