@@ -167,6 +167,7 @@ def demo(
             )
         )
         say_reranker(console, chosen)
+        say_tiers(console, chosen, tracing.tally.chain_calls)  # the pipeline's RERANKER span
         failures = 0
         if result.fell_back:
             failures += 1

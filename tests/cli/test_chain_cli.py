@@ -117,3 +117,20 @@ def test_a_chain_whose_primary_answers_says_so_without_a_failover_line(wm: WireM
     said = flat(result.stderr)
     assert f"tier 0 (tei at {wm.url}/p) answered" in said
     assert "failover:" not in said
+
+
+def test_demo_over_a_chain_says_which_tier_answered_under_the_reranker_line(wm: WireMock) -> None:
+    wm.stub_json("/s/v1/rerank", {"model": "jina-m", "results": [
+        {"index": i, "relevance_score": 1.0 - i / 100} for i in range(3)
+    ]})  # fmt: skip
+    result = invoke(
+        "demo", "--top-k", "3", "--recall-k", "3",
+        "--endpoint", primary_refusing(wm), "--endpoint", wm.url + "/s",
+        "--provider", "tei", "--provider", "jina", "--model", "m0", "--model", "jina-m",
+        RERANK_API_KEY_1=KEY_1,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    said = flat(result.stdout)
+    assert f"failover: tier 0 (tei at {wm.url}/p model m0) failed: RerankStatusError: " in said
+    assert f"; tier 1 (jina at {wm.url}/s model jina-m) answered" in said
+    assert said.index("reranker: a chain of") < said.index("failover:") < said.index("recall rank")
