@@ -10,6 +10,7 @@ or an endpoint (either may carry a credential).
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -207,6 +208,12 @@ def endpoint(value: Any, field: str = "endpoint") -> str:
     return url
 
 
+def did_you_mean(value: str, known: Any) -> str:
+    """`` (did you mean 'cohere'?)`` when one of `known` is close to `value`, else ``""``."""
+    close = difflib.get_close_matches(value.strip().lower(), [str(k) for k in known], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def provider(value: Any, known: Any, field: str = "provider") -> str:
     """A provider name among `known` (the wire formats, and ``local`` where allowed), or
     empty for ``tei``; returned lower-cased."""
@@ -214,7 +221,9 @@ def provider(value: Any, known: Any, field: str = "provider") -> str:
         raise InvalidSetting(field, f"must be a str, got {type(value).__name__}")
     name = value.strip().lower() or "tei"
     if name not in known:
-        raise InvalidSetting(field, f"{value!r} is not one of: {', '.join(known)}")
+        raise InvalidSetting(
+            field, f"{value!r} is not one of: {', '.join(known)}{did_you_mean(value, known)}"
+        )
     return name
 
 

@@ -46,6 +46,7 @@ from .render import (
 from .reranker import Chosen
 from .serve import serve
 from .session import session
+from .tiers import say_tiers
 
 __all__ = ["app", "main"]
 
@@ -166,6 +167,7 @@ def demo(
             )
         )
         say_reranker(console, chosen)
+        say_tiers(console, chosen, tracing.tally.chain_calls)  # the pipeline's RERANKER span
         failures = 0
         if result.fell_back:
             failures += 1
@@ -333,6 +335,7 @@ def rerank(
             Text(f"reranked {len(candidates)} candidates with ", style="dim")
             + Text(chosen.label, style="dim")
         )
+        say_tiers(stderr, chosen, tracing.tally.chain_calls)
         if chosen.hint:
             note(stderr, chosen.hint, style="yellow")
 

@@ -161,6 +161,16 @@ class HelpCommand(TyperCommand):
     bare: ClassVar[Mapping[str, str]] = {}
     """Options that may also be given without a value, and the value they then take
     (`with_bare_values`); show them with a bracketed metavar, ``--option [URL]``."""
+    synonyms: ClassVar[Mapping[str, str]] = {
+        "--url": "--endpoint",
+        "--base-url": "--endpoint",
+        "--endpoint-url": "--endpoint",
+        "--server": "--endpoint",
+        "--key": "--api-key",
+        "--token": "--api-key",
+    }
+    """Names other tools give an option, and ours: a mistyped option that is one of them is
+    answered with ours (the spelling click finds closest can be an unrelated option)."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _flags_without_type(super().get_params(ctx))
@@ -170,6 +180,17 @@ class HelpCommand(TyperCommand):
             return list(super().parse_args(ctx, with_bare_values(args, self.bare)))
         except typer.BadParameter as exc:
             raise _plain_bad_parameter(exc) from exc.__cause__
+        except Exception as exc:
+            # Typer's own click raises NoSuchOption, which it does not export: known by the
+            # two attributes that make its "(Possible options: ...)".
+            ours = self.synonyms.get(getattr(exc, "option_name", None) or "")
+            if (
+                ours is not None
+                and hasattr(exc, "possibilities")
+                and any(ours in p.opts for p in self.get_params(ctx))
+            ):
+                exc.possibilities = [ours]
+            raise
 
     def format_options(self, ctx: Any, formatter: Any) -> None:
         everything = bool(ctx.meta.get(HELP_ALL))

@@ -99,6 +99,8 @@ class RerankOptions:
     project: str | None = None
     telemetry_timeout: float = DEFAULT_TELEMETRY_TIMEOUT_S
     log_level: str = "warning"
+    from_env: frozenset[str] = frozenset()
+    """The fields read from their variable (`ENV_OF_FIELD`), to be named so in a refusal."""
 
 
 _SHARED: dict[str, Any] = {
@@ -226,7 +228,7 @@ _SHARED: dict[str, Any] = {
 }
 
 
-_REPEATABLE_ENV = {
+ENV_OF_FIELD = {
     "endpoint": "RERANK_ENDPOINT",
     "provider": "RERANK_PROVIDER",
     "model": "RERANK_MODEL",
@@ -254,12 +256,14 @@ def with_rerank_options(command: Callable[..., None]) -> Callable[..., None]:
     def wrapper(**kwargs: Any) -> None:
         kwargs.pop("help_all", None)  # Typer passes an eager flag's value even unexposed
         values = {name: kwargs.pop(name) for name in _SHARED}
-        for name, variable in _REPEATABLE_ENV.items():
+        from_env = set()
+        for name, variable in ENV_OF_FIELD.items():
             # A repeatable option's variable is one value, never split at spaces (click's
             # rule for lists): a model directory may hold one.
             if not values[name] and os.environ.get(variable, "").strip():
                 values[name] = [os.environ[variable]]
-        command(options=RerankOptions(**values), **kwargs)
+                from_env.add(name)
+        command(options=RerankOptions(**values, from_env=frozenset(from_env)), **kwargs)
 
     parameters = [*own, *shared, help_all_parameter()]
     wrapper.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]

@@ -34,7 +34,7 @@ from ..errors import RerankError
 from ..failover import RerankerChain
 from ..validate import InvalidSetting
 from .console import COMPOSE_HINT, EXIT_FAILURE, EXIT_USAGE, err, fail
-from .options import OPTION_OF_FIELD, RerankerChoice, RerankOptions
+from .options import ENV_OF_FIELD, OPTION_OF_FIELD, RerankerChoice, RerankOptions
 
 __all__ = [
     "Chosen",
@@ -63,6 +63,8 @@ class Chosen:
     close: Callable[[], None] = field(default=lambda: None)
     why: str | None = None
     embedder: Any = None
+    tiers: tuple[str, ...] = ()
+    """A chain's tiers, each as the label names it (empty: not a chain)."""
 
     @property
     def base_url(self) -> str | None:
@@ -120,6 +122,8 @@ def tiers_of(options: RerankOptions) -> list[RerankSettings]:
             )
         except InvalidSetting as exc:
             option = OPTION_OF_FIELD.get(exc.field, exc.field)
+            if exc.field in options.from_env:  # the user typed the variable, not the option
+                option = ENV_OF_FIELD[exc.field]
             if exc.field == "api_key" and n > 0:
                 option = f"RERANK_API_KEY_{n}"
             which = f" (--endpoint {n + 1} of {count}, {shown_url(endpoint)})" if count > 1 else ""
@@ -187,8 +191,8 @@ def _chain(tiers: list[RerankSettings]) -> Chosen:
     except (TypeError, ValueError) as exc:  # a client's own checks
         fail(EXIT_USAGE, str(exc))
     assert isinstance(chain, RerankerChain)
-    label = "a chain of " + ", then ".join(_tier_label(t) for t in tiers)
-    return Chosen(chain, label, close=chain.close)
+    labels = tuple(_tier_label(t) for t in tiers)
+    return Chosen(chain, "a chain of " + ", then ".join(labels), close=chain.close, tiers=labels)
 
 
 def _tier_label(settings: RerankSettings) -> str:

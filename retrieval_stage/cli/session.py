@@ -15,31 +15,39 @@ from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import quote, urlsplit
 
 from openinference.semconv.trace import SpanAttributes
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from .._redact import scrubbed_message
+from ..telemetry import PROJECT_NAME
 from ..telemetry.otlp import DEFAULT_SERVICE_NAME
 from ..telemetry.shutdown import ShutdownReport
 from .console import EXIT_USAGE, err, fail, note
 from .failure import Witness
 from .options import DEFAULT_TELEMETRY_TIMEOUT_S, RerankOptions
 from .reranker import Chosen, choose_reranker
+from .tiers import TierOutcome, tier_outcome
 
 __all__ = ["Destination", "Tracing", "session", "start_tracing"]
 
 
 class _Tally(SpanProcessor):
-    """A span processor that counts finished spans per trace, for the closing summary."""
+    """A span processor that counts finished spans per trace, for the closing summary, and
+    keeps what each chain call's span says of its tiers (`chain_calls`, in order)."""
 
     def __init__(self) -> None:
         self.spans = 0
         self.traces: dict[str, list[str]] = {}
+        self.chain_calls: list[TierOutcome] = []
 
     def on_end(self, span: ReadableSpan) -> None:
         self.spans += 1
+        outcome = tier_outcome(span)
+        if outcome is not None:
+            self.chain_calls.append(outcome)
         trace_id = format(span.context.trace_id, "032x") if span.context else "?"
         kind = (span.attributes or {}).get(SpanAttributes.OPENINFERENCE_SPAN_KIND)
         label = f"{span.name} ({kind})" if kind else span.name
@@ -109,6 +117,12 @@ class Tracing:
     shutdown_timeout: float = DEFAULT_TELEMETRY_TIMEOUT_S
     flush_first: list[Any] = dc_field(default_factory=list)
     report: ShutdownReport | None = None
+    heard: list[dict[str, Any]] = dc_field(default_factory=list)
+    """The telemetry log events the summary says in words (`SAID_IN_THE_SUMMARY`)."""
+    otlp_base: str | None = None
+    """The OTLP traces endpoint's scheme and host, where Arize Phoenix would serve its UI."""
+    phoenix_page: str | None = None
+    """The Phoenix project page the spans landed in, once `look_for_phoenix` found one."""
 
     def stage(self, chosen: Chosen, top_k: int | None, *, on_error: str = "raise") -> Any:
         """The command's `RerankStage`, traced and metered here.
@@ -142,10 +156,12 @@ class Tracing:
             return "spans: none recorded"
         traces = list(self.tally.traces)
         which = f"trace {traces[0]}" if len(traces) == 1 else f"{len(traces)} traces"
-        head = f"spans: {self.tally.spans} in {which}"
+        # This process's spans only: a server it called adds its own to the same trace.
+        head = f"spans: {self.tally.spans} from this process in {which}"
         if self.destinations:
             outcomes = [d.outcome(self.tally.spans, self.report) for d in self.destinations]
-            return f"{head}, {' and '.join(outcomes)}"
+            page = f"; open {self.phoenix_page} (Phoenix)" if self.phoenix_page else ""
+            return f"{head}, {' and '.join(outcomes)}{page}{self._metrics_words()}"
         root, *children = self.tally.traces[traces[0]]
         counted = Counter(children)
         shown = ", ".join(f"{n}x {label}" if n > 1 else label for label, n in counted.items())
@@ -154,6 +170,43 @@ class Tracing:
             f"{head} ({names}) — not exported: set OTEL_EXPORTER_OTLP_ENDPOINT "
             "(e.g. http://localhost:4318) or pass --trace-file FILE"
         )
+
+    def look_for_phoenix(self) -> None:
+        """After a delivery to OTLP: ask the endpoint's host, as Arize Phoenix's REST API, for
+        the project's id, so the summary can name the page to open. Anything else there (a
+        collector) answers otherwise and nothing is said; bounded by the telemetry timeout."""
+        if self.otlp_base is None or (self.report and self.report.spans_not_delivered):
+            return
+        import httpx
+
+        project = str(self.provider.resource.attributes.get(PROJECT_NAME) or "")
+        if not project:
+            return
+        try:
+            reply = httpx.get(
+                f"{self.otlp_base}/v1/projects/{quote(project, safe='')}",
+                timeout=self.shutdown_timeout,
+                follow_redirects=False,
+            )
+            found = reply.json()["data"]["id"] if reply.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return
+        if isinstance(found, str) and found:
+            self.phoenix_page = f"{self.otlp_base}/projects/{quote(found, safe='')}"
+
+    def _metrics_words(self) -> str:
+        """What became of the metrics, when not all of them arrived: the endpoint refused them
+        (``telemetry.metrics_disabled``) or points were lost at exit."""
+        said = ""
+        for event in self.heard:
+            if event.get("event") == "telemetry.metrics_disabled":
+                status = event.get("status")
+                answered = f" (HTTP {status})" if status else ""
+                said += f"; metrics not sent: {event.get('endpoint')} refused them{answered}"
+        points = self.report.metric_points_not_delivered if self.report else 0
+        if points:
+            said += f"; {points} metric points not delivered"
+        return said
 
 
 class _Discard(SpanExporter):
@@ -240,7 +293,7 @@ def start_tracing(
         )
     tally = _Tally()
     provider.add_span_processor(tally)
-    return Tracing(
+    tracing = Tracing(
         provider,
         destinations,
         tally,
@@ -248,6 +301,11 @@ def start_tracing(
         shutdown_timeout=shutdown_timeout,
         flush_first=flush_first,
     )
+    if traces_on:
+        parts = urlsplit(otlp_target("traces").shown)
+        if parts.scheme in ("http", "https") and parts.netloc:
+            tracing.otlp_base = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    return tracing
 
 
 def _start_metrics(shutdown_timeout: float) -> Any:
@@ -271,17 +329,28 @@ SAID_BY_THE_COMMAND = frozenset({"rerank.fallback", "rerank.failed"})
 """Log events the command prints in words itself (``fallback: ...``, ``error: rerank
 failed: ...``): at the default level their log line would only say it twice. --log-level
 info or debug shows them."""
+SAID_IN_THE_SUMMARY = frozenset({"telemetry.metrics_disabled", "telemetry.undelivered"})
+"""Telemetry log events the closing ``spans:`` line says in words (what was refused or not
+delivered): at the default level they are kept for it instead of printed as JSON."""
 
 
-def _not_said_twice(_: Any, __: str, event: Any) -> Any:
-    import structlog
+def _not_said_twice(heard: list[dict[str, Any]]) -> Any:
+    def drop(_: Any, __: str, event: Any) -> Any:
+        import structlog
 
-    if event.get("event") in SAID_BY_THE_COMMAND:
-        raise structlog.DropEvent
-    return event
+        name = event.get("event")
+        if name in SAID_IN_THE_SUMMARY:
+            heard.append(dict(event))
+        if name in SAID_BY_THE_COMMAND or name in SAID_IN_THE_SUMMARY:
+            raise structlog.DropEvent
+        return event
+
+    return drop
 
 
-def _logging(level: str, endpoints: Sequence[str] | None = None) -> None:
+def _logging(
+    level: str, endpoints: Sequence[str] | None = None, heard: list[dict[str, Any]] | None = None
+) -> None:
     """JSON logs on stderr (rendered for a terminal), with the `endpoints`' secrets scrubbed:
     a logged error can quote a service that echoed the request URL."""
     import structlog
@@ -294,7 +363,7 @@ def _logging(level: str, endpoints: Sequence[str] | None = None) -> None:
         fail(EXIT_USAGE, f"--log-level: unknown level {level!r}")
     *processors, renderer = structlog.get_config()["processors"]
     if logging.getLevelName(level.upper()) >= logging.WARNING:
-        processors.append(_not_said_twice)
+        processors.append(_not_said_twice([] if heard is None else heard))
     structlog.configure(processors=[*processors, renderer])
     if not endpoints:
         return
@@ -314,12 +383,14 @@ def _logging(level: str, endpoints: Sequence[str] | None = None) -> None:
 @contextmanager
 def session(options: RerankOptions) -> Iterator[tuple[Chosen, Tracing]]:
     """Logging, tracing and the reranker for one command; flushes spans and says where."""
-    _logging(options.log_level, options.endpoint)
+    heard: list[dict[str, Any]] = []
+    _logging(options.log_level, options.endpoint, heard)
     tracing = start_tracing(
         options.trace_file,
         project=options.project,
         shutdown_timeout=options.telemetry_timeout,
     )
+    tracing.heard = heard
     try:
         chosen = choose_reranker(options)
         try:
@@ -329,4 +400,5 @@ def session(options: RerankOptions) -> Iterator[tuple[Chosen, Tracing]]:
     finally:
         tracing.shutdown()  # traces and metrics together, at most --telemetry-timeout
         if tracing.tally.spans:
+            tracing.look_for_phoenix()
             note(err(), tracing.summary())

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import RerankProtocolError
 from ..jsonl import json_type
 from ..models import Usage
-from ..validate import InvalidSetting
+from ..validate import InvalidSetting, did_you_mean
 
 __all__ = [
     "PROVIDERS",
@@ -243,12 +243,16 @@ PROVIDERS: Mapping[str, WireFormat] = {
 
 
 def get_format(provider: str) -> WireFormat:
-    """The wire format named `provider`; ValueError naming the known ones otherwise."""
+    """The wire format named `provider`; otherwise `InvalidSetting` (a ValueError) for the
+    ``provider`` field, naming the known ones and the closest."""
     try:
         return PROVIDERS[provider]
-    except KeyError:
-        known = ", ".join(sorted(PROVIDERS))
-        raise ValueError(f"unknown rerank provider {provider!r}; known: {known}") from None
+    except (KeyError, TypeError):  # TypeError: not hashable, so no provider's name
+        known = sorted(PROVIDERS)
+        close = did_you_mean(provider, known) if isinstance(provider, str) else ""
+        raise InvalidSetting(
+            "provider", f"{provider!r}{close}; known: {', '.join(known)}", "unknown rerank provider"
+        ) from None
 
 
 def check_required_fields(fmt: WireFormat, *, model: str | None, label: str = "model=") -> None:

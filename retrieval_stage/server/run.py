@@ -13,13 +13,15 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .._log import get_logger
 from .settings import ServerSettings, is_loopback
 
-__all__ = ["DEFAULT_PROJECT", "SERVICE_NAME", "NotLoopbackError", "serve"]
+__all__ = ["DEFAULT_PROJECT", "SERVICE_NAME", "BindError", "NotLoopbackError", "serve"]
 
 SERVICE_NAME = "retrieval-stage-server"
 """The server's OpenTelemetry service name (``OTEL_SERVICE_NAME`` wins)."""
@@ -33,6 +35,34 @@ _log = get_logger("retrieval_stage.server")
 
 class NotLoopbackError(ValueError):
     """The address would open the server beyond this machine, and that was not asked for."""
+
+
+class BindError(OSError):
+    """The address and port could not be bound (another process holds the port, or the address
+    is not this machine's): raised before anything is logged, loaded or served."""
+
+
+def _bind(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening socket on `host`:`port`, bound as uvicorn binds it (address reuse on), so a
+    port that cannot be had is known before the model loads and before a line is logged."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        reason = (exc.strerror or str(exc)).lower()
+        refused = BindError(f"cannot listen on {host}:{port}: {reason}")
+        refused.errno = exc.errno
+        raise refused from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 class _ToStructlog(logging.Handler):
@@ -101,13 +131,17 @@ def serve(
     project: str | None = None,
     log_level: str = "INFO",
     drain_timeout: int = 30,
+    json_logs: bool = True,
+    on_listening: Callable[[str], None] | None = None,
 ) -> int:
     """Run the server until SIGTERM or Ctrl-C; the process's exit code (0, or 1 when the model
     could not be loaded).
 
     `host` must be a loopback address unless `allow_remote` (the command line sets it when
     ``--host`` names another address itself): `NotLoopbackError` otherwise, before anything
-    is bound.
+    is bound. A port that cannot be bound raises `BindError`, also before anything is logged
+    or loaded; once it is bound, `on_listening` is given the server's URL (with the port
+    actually bound, for ``port=0``). `json_logs` False renders the log lines for a terminal.
     """
     if not is_loopback(host) and not allow_remote:
         raise NotLoopbackError(
@@ -119,9 +153,10 @@ def serve(
     from ..telemetry import configure_logging, shutdown_telemetry
     from .app import create_app
 
+    sock = _bind(host, port, backlog=2048)  # uvicorn's default backlog
     # The model loaders' progress bars would write raw lines between the JSON ones.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    configure_logging(log_level)
+    configure_logging(log_level, json=json_logs)
     _route_uvicorn_logs(logging.getLevelName(log_level.upper()))
     tracer_provider, meter_provider, where = _telemetry(project)
     outcome = _Outcome()
@@ -155,18 +190,23 @@ def serve(
     stopped_by: list[int] = []
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda received, _frame: stopped_by.append(received))
+    bound_port = int(sock.getsockname()[1])
     _log.info(
         "server.starting",
         host=host,
-        port=port,
+        port=bound_port,
+        url=_url(host, bound_port),
         reranker=settings.reranker,
         model=settings.model,
         traces_to=where,
         loopback_only=is_loopback(host),
     )
+    if on_listening is not None:
+        on_listening(_url(host, bound_port))
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
+        sock.close()
         shutdown_telemetry(tracer_provider, meter_provider)
         _log.info(
             "server.exited", signal=signal.Signals(stopped_by[0]).name if stopped_by else None

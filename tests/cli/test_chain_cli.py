@@ -87,3 +87,50 @@ def test_every_tier_failing_says_so(wm: WireMock) -> None:
     )  # fmt: skip
     assert result.exit_code == 1
     assert "every tier of the reranker chain failed" in flat(result.stderr)
+
+
+def test_the_tier_that_answered_and_why_the_first_failed_are_said(wm: WireMock) -> None:
+    wm.stub_json("/s/v1/rerank", JINA_OUT_OF_ORDER)
+    result = invoke(
+        "rerank", "-q", "what is rust",
+        "--endpoint", primary_refusing(wm), "--endpoint", wm.url + "/s",
+        "--provider", "tei", "--provider", "jina", "--model", "m0", "--model", "jina-m",
+        stdin=CANDIDATES, RERANK_API_KEY_1=KEY_1,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    said = flat(result.stderr)
+    failed, answered = said.split("failover: ", 1)[1].split("; ")[:2]
+    assert failed.startswith(f"tier 0 (tei at {wm.url}/p model m0) failed: RerankStatusError: ")
+    assert "bad key" in failed  # the server's own words, as the span event has them
+    assert answered.startswith(f"tier 1 (jina at {wm.url}/s model jina-m) answered")
+    assert KEY_1 not in result.stderr
+
+
+def test_a_chain_whose_primary_answers_says_so_without_a_failover_line(wm: WireMock) -> None:
+    wm.stub_json("/p/rerank", [{"index": 0, "score": 0.5}, {"index": 1, "score": 0.4},
+                               {"index": 2, "score": 0.3}])  # fmt: skip
+    result = invoke(
+        "rerank", "-q", "q", "--endpoint", wm.url + "/p", "--endpoint", wm.url + "/s",
+        stdin=CANDIDATES,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    said = flat(result.stderr)
+    assert f"tier 0 (tei at {wm.url}/p) answered" in said
+    assert "failover:" not in said
+
+
+def test_demo_over_a_chain_says_which_tier_answered_under_the_reranker_line(wm: WireMock) -> None:
+    wm.stub_json("/s/v1/rerank", {"model": "jina-m", "results": [
+        {"index": i, "relevance_score": 1.0 - i / 100} for i in range(3)
+    ]})  # fmt: skip
+    result = invoke(
+        "demo", "--top-k", "3", "--recall-k", "3",
+        "--endpoint", primary_refusing(wm), "--endpoint", wm.url + "/s",
+        "--provider", "tei", "--provider", "jina", "--model", "m0", "--model", "jina-m",
+        RERANK_API_KEY_1=KEY_1,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    said = flat(result.stdout)
+    assert f"failover: tier 0 (tei at {wm.url}/p model m0) failed: RerankStatusError: " in said
+    assert f"; tier 1 (jina at {wm.url}/s model jina-m) answered" in said
+    assert said.index("reranker: a chain of") < said.index("failover:") < said.index("recall rank")

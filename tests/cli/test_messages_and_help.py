@@ -16,7 +16,7 @@ from retrieval_stage.errors import RerankProtocolError, RerankStatusError
 from retrieval_stage.validate import InvalidSetting
 
 from ..conftest import WireMock
-from .test_commands import CANDIDATES, flat, invoke
+from .test_commands import CANDIDATES, flat, invoke, run_script
 
 # -- 7: an endpoint without a scheme; a 404 names the URL ----------------------------------
 
@@ -185,3 +185,37 @@ def test_protocol_error_from_the_client_keeps_its_own_words() -> None:
     """The library's message is unchanged: only the CLI drops its repeated prefix."""
     exc = RerankProtocolError("tei answered something that is not a tei response: x")
     assert str(exc).startswith("tei answered something")
+
+
+def test_another_tools_name_for_an_option_is_answered_with_ours() -> None:
+    # As a user types it: the script, so Typer's own error rendering is what is checked.
+    done = run_script("rerank", "-q", "q", "--url", "http://localhost:8080")
+    assert done.returncode == 2
+    assert "No such option: --url (Possible options: --endpoint)" in done.stderr
+    done = run_script("demo", "--token", "t")
+    assert "No such option: --token (Possible options: --api-key)" in done.stderr
+
+
+def test_a_provider_from_the_environment_is_named_by_its_variable() -> None:
+    result = invoke(
+        "rerank", "-q", "q", "--endpoint", "http://localhost:8080",
+        stdin=CANDIDATES, RERANK_PROVIDER="tie",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    said = flat(result.stderr)
+    assert said.startswith("error: RERANK_PROVIDER: 'tie' is not one of: tei, ")
+    assert said.endswith("(did you mean 'tei'?)")
+    typed = invoke(
+        "rerank", "-q", "q", "--endpoint", "http://localhost:8080", "--provider", "tie",
+        stdin=CANDIDATES,
+    )  # fmt: skip
+    assert flat(typed.stderr).startswith("error: --provider: 'tie' is not one of: ")
+
+
+def test_a_client_given_a_misspelt_provider_names_the_field_and_the_closest() -> None:
+    with pytest.raises(InvalidSetting) as refused:
+        RerankClient("http://localhost:8080", provider="cohre")
+    assert refused.value.field == "provider"
+    assert str(refused.value).startswith(
+        "unknown rerank provider 'cohre' (did you mean 'cohere'?); known: cohere, "
+    )

@@ -38,6 +38,17 @@ class _PhoenixLike(http.server.BaseHTTPRequestHandler):
         self.send_header("content-length", "0")
         self.end_headers()
 
+    def do_GET(self) -> None:
+        # Phoenix's REST API: a project by name, with the id its UI pages are under.
+        name = self.path.removeprefix("/v1/projects/")
+        found = name != self.path and "/" not in name
+        body = json.dumps({"data": {"id": "UHJvamVjdDox", "name": name}}).encode()
+        self.send_response(200 if found else 404)
+        self.send_header("content-length", str(len(body) if found else 0))
+        self.end_headers()
+        if found:
+            self.wfile.write(body)
+
     def log_message(self, *args: object) -> None:
         """Quiet."""
 
@@ -83,12 +94,29 @@ def test_metrics_refused_with_405_are_said_once_and_no_sdk_line_reaches_the_term
         "demo", "--reranker", "lexical", "--top-k", "3", OTEL_EXPORTER_OTLP_ENDPOINT=url
     )
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("telemetry.metrics_disabled") == 1
+    assert "telemetry.metrics_disabled" not in result.stderr  # said in words, not as JSON
+    assert "{" not in result.stderr
     for chatter in SDK_CHATTER:
         assert chatter not in result.stderr
     assert "/v1/traces" in posts
     assert "/v1/metrics" in posts
-    assert f"sent to OTLP at {url}/v1/traces" in " ".join(result.stderr.split())
+    said = " ".join(result.stderr.split())
+    refused = f"metrics not sent: {url}/v1/metrics refused them (HTTP 405)"
+    page = f"open {url}/projects/UHJvamVjdDox (Phoenix)"
+    assert f"sent to OTLP at {url}/v1/traces; {page}; {refused}" in said
+    assert said.count("metrics not sent") == 1
+
+
+def test_log_level_info_still_shows_the_metrics_refusal_as_a_log_line(
+    phoenix_like: tuple[str, list[str]],
+) -> None:
+    url, _ = phoenix_like
+    result = run_script(
+        "demo", "--reranker", "lexical", "--top-k", "3", "--log-level", "info",
+        OTEL_EXPORTER_OTLP_ENDPOINT=url,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("telemetry.metrics_disabled") == 1
 
 
 def test_metrics_exporter_none_sends_no_metrics(phoenix_like: tuple[str, list[str]]) -> None:
@@ -125,10 +153,13 @@ def test_a_collector_down_or_stuck_costs_one_bounded_wait_and_one_line(
     baseline, _ = _timed(*args)
     elapsed, stderr = _timed(*args, OTEL_EXPORTER_OTLP_ENDPOINT=url)
     assert elapsed < baseline + 0.5 + SLOW_MACHINE_MARGIN_S
-    assert stderr.count("telemetry.undelivered") == 1
+    assert "telemetry.undelivered" not in stderr  # the last line says it, once, in words
     for chatter in SDK_CHATTER:
         assert chatter not in stderr
-    assert "spans not delivered" in " ".join(stderr.split())
+    said = " ".join(stderr.split())
+    assert f"OTLP export to {url}/v1/traces failed (1 of 1 spans not delivered)" in said
+    assert said.count("not delivered") == 2  # the spans, and the metric points
+    assert "metric points not delivered" in said
 
 
 def test_by_default_a_stuck_collector_costs_at_most_half_a_second_of_waiting(
@@ -137,7 +168,7 @@ def test_by_default_a_stuck_collector_costs_at_most_half_a_second_of_waiting(
     from retrieval_stage.cli.options import DEFAULT_TELEMETRY_TIMEOUT_S
 
     result = run_script(
-        "rerank", "-q", "rust", "--reranker", "lexical", stdin=CANDIDATES,
+        "rerank", "-q", "rust", "--reranker", "lexical", "--log-level", "info", stdin=CANDIDATES,
         OTEL_EXPORTER_OTLP_ENDPOINT=silent_port,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -210,3 +241,66 @@ def test_grpc_without_the_extra_is_a_usage_error_naming_the_install(
     )  # fmt: skip
     assert result.exit_code == 2
     assert GRPC_EXTRA_HINT in " ".join(result.output.split())
+
+
+def test_after_a_human_error_no_json_line_repeats_what_was_not_delivered(closed_port: str) -> None:
+    result = run_script(
+        "rerank", "-q", "rust", "--endpoint", closed_port, stdin=CANDIDATES,
+        OTEL_EXPORTER_OTLP_ENDPOINT=closed_port,
+    )  # fmt: skip
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith(f"error: rerank failed: could not connect to {closed_port}")
+    assert not [line for line in lines if line.lstrip().startswith("{")]
+    assert "spans not delivered" in " ".join(result.stderr.split())
+
+
+def test_spans_sent_to_phoenix_name_the_project_page_to_open(
+    phoenix_like: tuple[str, list[str]],
+) -> None:
+    url, _ = phoenix_like
+    result = run_script(
+        "rerank", "-q", "rust", "--reranker", "lexical", stdin=CANDIDATES,
+        OTEL_EXPORTER_OTLP_ENDPOINT=url,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"sent to OTLP at {url}/v1/traces; open {url}/projects/UHJvamVjdDox (Phoenix)" in said
+
+
+def test_spans_sent_to_a_collector_name_no_phoenix_page() -> None:
+    # An OTLP receiver that is not Phoenix: its GETs are 404.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CollectorLike)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        result = run_script(
+            "rerank", "-q", "rust", "--reranker", "lexical", stdin=CANDIDATES,
+            OTEL_EXPORTER_OTLP_ENDPOINT=url,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 0, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"sent to OTLP at {url}/v1/traces" in said
+    assert "Phoenix" not in said
+
+
+class _CollectorLike(http.server.BaseHTTPRequestHandler):
+    """Takes OTLP traces and metrics; any GET is 404, as the Collector's receiver answers."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self.send_response(404)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        """Quiet."""
