@@ -69,6 +69,15 @@ def serve(
         int,
         typer.Option("--max-batch-pairs", min=1, help="(query, text) pairs in one model batch."),
     ] = 256,
+    max_request_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-request-tokens",
+            min=1,
+            help="Tokens one request may cost the model (its texts and query; lexical: words); "
+            "more are refused with 422, so no request holds the model for long.",
+        ),
+    ] = 131_072,
     max_queue: Annotated[
         int,
         typer.Option(
@@ -133,6 +142,7 @@ def serve(
             max_client_batch_size=max_client_batch_size,
             max_batch_tokens=max_batch_tokens,
             max_batch_pairs=max_batch_pairs,
+            max_request_tokens=max_request_tokens,
             max_queue=max_queue,
             batch_wait_ms=batch_wait_ms,
             payload_limit=payload_limit,

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from .._args import rank, snapshot
 
-__all__ = ["LexicalReranker"]
+__all__ = ["LexicalReranker", "word_count"]
 
 T = TypeVar("T")
 
@@ -36,6 +36,11 @@ def _stem(word: str) -> str:
         if len(word) > len(suffix) + 2 and word.endswith(suffix):
             return word[: -len(suffix)] + ("y" if suffix == "ies" else "")
     return word
+
+
+def word_count(text: str) -> int:
+    """Words the reranker reads in `text` (stop words included): what its work grows with."""
+    return sum(1 for _ in _WORD.finditer(text.lower()))
 
 
 def _terms(text: str) -> list[str]:

@@ -109,6 +109,7 @@ class Serving:
             max_batch_tokens=settings.max_batch_tokens,
             max_queue=settings.max_queue,
             batch_wait=settings.batch_wait_ms / 1000,
+            max_request_tokens=settings.max_request_tokens,
             on_batch=self._on_batch,
         )
         self.instruments = ServerInstruments(parts.meter_provider, lambda: self.batcher.depth)

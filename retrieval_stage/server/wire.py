@@ -29,6 +29,7 @@ __all__ = [
     "overloaded",
     "parse_rerank_body",
     "render_scores",
+    "too_much_work",
     "unhealthy",
 ]
 
@@ -73,6 +74,16 @@ def batch_too_large(sent: int, cap: int) -> ApiError:
 def overloaded() -> ApiError:
     """The queue is full: 429, as TEI says it."""
     return ApiError("Overloaded", "Model is overloaded")
+
+
+def too_much_work(cost: int, cap: int) -> ApiError:
+    """More tokens in one request than ``--max-request-tokens``: TEI's 422, in the words of
+    its token check (the numbers only, never the texts)."""
+    return ApiError(
+        "Validation",
+        f"Input validation error: the request must have at most {cap} tokens "
+        f"(its texts and query, as the model reads them). Given: {cost}",
+    )
 
 
 def unhealthy() -> ApiError:
