@@ -107,6 +107,34 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            "--header-timeout",
+            min=0.1,
+            help="Seconds a connection may take to send its request head (after connecting "
+            "or after its last response); then it is closed.",
+        ),
+    ] = 10.0,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            "--max-connections",
+            min=1,
+            help="Connections open at once (default: the open-file limit less a reserve); at "
+            "the cap the longest-idle one is closed for a newcomer.",
+            show_default=False,
+        ),
+    ] = None,
+    drain_timeout: Annotated[
+        int,
+        typer.Option(
+            "--drain-timeout",
+            min=1,
+            help="Seconds SIGTERM or Ctrl-C waits for the requests in flight; those still "
+            "unanswered then get TEI's 503.",
+        ),
+    ] = 30,
     project: Annotated[
         str | None,
         typer.Option(
@@ -161,6 +189,9 @@ def serve(
             allow_remote=host is not None,
             project=project,
             log_level=log_level,
+            drain_timeout=drain_timeout,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
         )
     except NotLoopbackError as exc:
         fail(EXIT_USAGE, str(exc))

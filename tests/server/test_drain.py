@@ -1,0 +1,40 @@
+"""The end of a drain on a real ``retrieval-stage serve --reranker lexical --drain-timeout 1``:
+every request is answered, either with its scores or with TEI's 503, never a plain-text 500."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import httpx
+import pytest
+
+from .served import start_server
+
+HEAVY = " ".join(["alpha"] * 60_000 + ["filler"] * 10 + ["omega"] * 60_000)
+"""About a second of the lexical reranker's work on a busy machine: six of them queued
+outlast a one-second drain."""
+
+
+def test_requests_cut_by_the_drain_get_teis_503(tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp = tmp_path_factory.mktemp("drained-lexical")
+    with start_server(tmp, "--reranker", "lexical", "--drain-timeout", "1") as served:
+        body = {"query": "alpha omega", "texts": [HEAVY]}
+
+        def post() -> httpx.Response:
+            return httpx.post(served.url + "/rerank", json=body, timeout=60.0)
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            replies = [pool.submit(post) for _ in range(6)]
+            time.sleep(1.0)  # all six sent, the first on the model thread
+            assert served.stop() == 0
+            answered = [r.result() for r in replies]
+    statuses = sorted(r.status_code for r in answered)
+    assert set(statuses) <= {200, 503}, [(r.status_code, r.text[:80]) for r in answered]
+    refused = [r for r in answered if r.status_code == 503]
+    assert refused, statuses
+    for reply in refused:
+        assert reply.headers["content-type"] == "application/json"
+        assert reply.json() == {"error": "the server is stopping", "error_type": "Unhealthy"}
+    logged = [line for line in served.log_lines() if line.get("event") == "server.drain_cut"]
+    assert logged and logged[0]["refused"] >= len(refused)
