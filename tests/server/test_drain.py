@@ -37,4 +37,5 @@ def test_requests_cut_by_the_drain_get_teis_503(tmp_path_factory: pytest.TempPat
         assert reply.headers["content-type"] == "application/json"
         assert reply.json() == {"error": "the server is stopping", "error_type": "Unhealthy"}
     logged = [line for line in served.log_lines() if line.get("event") == "server.drain_cut"]
-    assert logged and logged[0]["refused"] >= len(refused)
+    assert logged
+    assert logged[0]["refused"] >= len(refused)
