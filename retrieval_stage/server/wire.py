@@ -143,9 +143,13 @@ def _decode(raw: bytes) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         where = f" (line {exc.lineno}, column {exc.colno})"
         raise ApiError("Validation", f"the body is not valid JSON{where}", status=400) from None
-    except ValueError:  # UnicodeDecodeError: not UTF-8
+    except UnicodeDecodeError:
         where = " (not UTF-8)"
         raise ApiError("Validation", f"the body is not valid JSON{where}", status=400) from None
+    except ValueError:  # an integer past Python's digit limit (4,300 by default)
+        raise ApiError(
+            "Validation", "the body holds a number with too many digits", status=400
+        ) from None
     if not isinstance(body, dict):
         raise ApiError("Validation", f"the body must be a JSON object, got {_kind(body)}")
     return body
