@@ -101,9 +101,11 @@ DRAIN_GRACE_S = 2
 cancelling what is left: time for those handlers to send their answers."""
 
 
-def _cut_drain(app: Any) -> None:
-    state = getattr(app.state, "server", None)
-    batcher = getattr(state, "batcher", None)
+def _cut_drain(lifespan_state: dict[str, Any]) -> None:
+    """Refuse with 503 what still waits for the model (the app's lifespan state holds its
+    `Serving`, whose batcher knows)."""
+    serving = lifespan_state.get("server")
+    batcher = getattr(serving, "batcher", None)
     if batcher is not None:
         _log.warning("server.drain_cut", refused=batcher.refuse_all("the server is stopping"))
 
@@ -188,7 +190,9 @@ def serve(
         async def shutdown(self, sockets: Any = None) -> None:
             # At the end of the drain the requests still waiting for the model get TEI's
             # 503 from their own handlers, before uvicorn cancels what is left.
-            cut = asyncio.get_running_loop().call_later(drain_timeout, _cut_drain, app)
+            cut = asyncio.get_running_loop().call_later(
+                drain_timeout, _cut_drain, self.lifespan.state
+            )
             try:
                 await super().shutdown(sockets)
             finally:
