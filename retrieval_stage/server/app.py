@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import time
+import traceback
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,11 +36,24 @@ from starlette.routing import Route
 
 from .._log import get_logger
 from .._version import __version__
-from .batcher import Batch, Batcher
+from .batcher import Batch, Batcher, ClientGone
 from .scorers import Group, Scorer, make_scorer, set_threads
 from .settings import ServerSettings
-from .telemetry import RequestRecord, ServerInstruments, record_batch, record_request
-from .wire import ApiError, RerankJob, parse_rerank_body, render_scores, unhealthy
+from .telemetry import (
+    RequestRecord,
+    ServerInstruments,
+    record_batch,
+    record_request,
+    route_not_target,
+)
+from .wire import (
+    ApiError,
+    RerankJob,
+    internal_error,
+    parse_rerank_body,
+    render_scores,
+    unhealthy,
+)
 
 __all__ = ["ROUTES", "create_app"]
 
@@ -157,7 +171,7 @@ async def _load(serving: Serving, on_load_failure: Callable[[BaseException], Non
 
 
 # Every failure is answered here, in TEI's wire format, with the status that is logged and
-# metered. An unexpected error is not ours to word: it goes on to Starlette, which answers 500.
+# metered. An unexpected error is answered 500 in that format too, its traceback logged.
 
 
 def _error(exc: ApiError) -> Response:
@@ -170,9 +184,15 @@ def _failure(exc: Exception) -> tuple[Response, int, str]:
     recorded for it (a caller that hung up is recorded as 499)."""
     if isinstance(exc, ApiError):
         return _error(exc), exc.status, exc.kind
-    if isinstance(exc, ClientDisconnect):
+    if isinstance(exc, (ClientDisconnect, ClientGone)):
         return Response(status_code=400), 499, "ClientDisconnect"
-    raise exc  # the unexpected-error path
+    kind = type(exc).__name__
+    _log.warning(
+        "server.unexpected_error",
+        error_type=kind,
+        traceback="".join(traceback.format_exception(exc)),
+    )
+    return _error(internal_error(kind)), 500, kind
 
 
 async def _http_error(_request: Request, exc: Exception) -> Response:
@@ -246,20 +266,31 @@ def _effective(
     return out
 
 
-async def _score(serving: Serving, job: RerankJob, context: otel_context.Context) -> _Scored:
+async def _hung_up(request: Request[State]) -> None:
+    """Returns once the client has gone away: after the body, the ASGI receive channel says
+    nothing more until ``http.disconnect``."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _score(
+    request: Request[State], serving: Serving, job: RerankJob, context: otel_context.Context
+) -> _Scored:
     """Count the job's tokens (on the counting thread), hand it to the batcher under the
-    request's trace `context`, and wait for its scores."""
+    request's trace `context`, and wait for its scores; a full queue is refused before any
+    thread work, and a client that hangs up takes its work out of the queue."""
     scorer = serving.scorer
     loop = asyncio.get_running_loop()
-    query_tokens, counted = await loop.run_in_executor(
-        serving.count_thread, scorer.count, job.query, job.texts
-    )
-    limit = scorer.max_input_length
-    tokens = _effective(job, counted, limit, auto_truncate=True)
-    ticket = serving.batcher.submit(
-        Group(job.query, job.texts, job.raw_scores), tokens, min(query_tokens, limit), context
-    )
-    scores = await ticket.future
+    with serving.batcher.admission():
+        query_tokens, counted = await loop.run_in_executor(
+            serving.count_thread, scorer.count, job.query, job.texts
+        )
+        limit = scorer.max_input_length
+        tokens = _effective(job, counted, limit, auto_truncate=True)
+        ticket = serving.batcher.submit(
+            Group(job.query, job.texts, job.raw_scores), tokens, min(query_tokens, limit), context
+        )
+    scores = await serving.batcher.wait(ticket, _hung_up(request))
     total = sum(tokens) + (query_tokens if scorer.kind == "embedding" else 0)
     return _Scored(scores, total, ticket.batches, ticket.queue_wait)
 
@@ -291,7 +322,7 @@ async def rerank(request: Request[State]) -> Response:
     try:
         job = await _parse(request, serving)
         record.shape, record.texts = job.shape, len(job.texts)
-        scored = await _score(serving, job, otel_context.get_current())
+        scored = await _score(request, serving, job, otel_context.get_current())
         response = _render(serving, job, scored, record.started)
         record.tokens, record.batches = scored.tokens, scored.batches
         record.queue_wait = scored.queue_wait
@@ -380,6 +411,7 @@ def create_app(
                 tracer_provider=tracer_provider,
                 meter_provider=meter_provider,
                 default_span_details=_span_details,
+                server_request_hook=route_not_target(ROUTES),
                 excluded_urls="/health",
                 exclude_spans=["receive", "send"],
             )

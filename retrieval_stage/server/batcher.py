@@ -26,7 +26,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -160,6 +160,7 @@ class Batcher:
         self._slices: collections.deque[_Slice] = collections.deque()
         self._waiting: set[Ticket] = set()
         self._running: list[Ticket] = []
+        self._admitting = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._batches = 0
@@ -215,6 +216,19 @@ class Batcher:
             watcher.cancel()
             if not ticket.future.done():
                 self.abandon(ticket)
+
+    @contextlib.contextmanager
+    def admission(self) -> Iterator[None]:
+        """Hold a place in the queue while the request is prepared (its tokens counted):
+        TEI's 429 at once when the queue and the requests already being prepared fill it, so
+        a refusal never waits behind the token-count thread."""
+        if len(self._waiting) + self._admitting >= self.max_queue:
+            raise overloaded()
+        self._admitting += 1
+        try:
+            yield
+        finally:
+            self._admitting -= 1
 
     def submit(self, group: Group, tokens: list[int], query_tokens: int, context: Any) -> Ticket:
         """Queue one request (TEI's 429 `ApiError` when the queue is full); await

@@ -26,6 +26,7 @@ __all__ = [
     "RerankJob",
     "Shape",
     "batch_too_large",
+    "internal_error",
     "overloaded",
     "parse_rerank_body",
     "render_scores",
@@ -44,6 +45,7 @@ ERROR_STATUS = {
     "Overloaded": 429,
     "Backend": 424,
     "Unhealthy": 503,
+    "Internal": 500,
     "PayloadTooLarge": 413,
     "NotFound": 404,
     "MethodNotAllowed": 405,
@@ -74,6 +76,12 @@ def batch_too_large(sent: int, cap: int) -> ApiError:
 def overloaded() -> ApiError:
     """The queue is full: 429, as TEI says it."""
     return ApiError("Overloaded", "Model is overloaded")
+
+
+def internal_error(kind: str) -> ApiError:
+    """An error nobody foresaw: 500 in TEI's shape, naming only the exception's type (its
+    message may quote what the caller sent)."""
+    return ApiError("Internal", f"Internal error ({kind}); the server logged it")
 
 
 def too_much_work(cost: int, cap: int) -> ApiError:
@@ -132,6 +140,12 @@ def _flag(body: dict[str, Any], name: str, default: bool | None) -> bool | None:
 def _text(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise ApiError("Validation", f"`{where}` must be a string, got {_kind(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # valid JSON ("\ud800"), but no text a model can read
+        raise ApiError(
+            "Validation", f"`{where}` is not valid Unicode: it holds a lone surrogate"
+        ) from None
     return value
 
 

@@ -4,6 +4,7 @@ every request is answered, either with its scores or with TEI's 503, never a pla
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import time
 
 import httpx
@@ -19,14 +20,20 @@ outlast a one-second drain."""
 def test_requests_cut_by_the_drain_get_teis_503(tmp_path_factory: pytest.TempPathFactory) -> None:
     tmp = tmp_path_factory.mktemp("drained-lexical")
     with start_server(tmp, "--reranker", "lexical", "--drain-timeout", "1") as served:
-        body = {"query": "alpha omega", "texts": [HEAVY]}
+        body = json.dumps({"query": "alpha omega", "texts": [HEAVY]}).encode()
+        headers = {"content-type": "application/json"}
 
         def post() -> httpx.Response:
-            return httpx.post(served.url + "/rerank", json=body, timeout=60.0)
+            return httpx.post(served.url + "/rerank", content=body, headers=headers, timeout=60)
 
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             replies = [pool.submit(post) for _ in range(6)]
-            time.sleep(1.0)  # all six sent, the first on the model thread
+            deadline = time.monotonic() + 60
+            # All six in the server (one or two through the model, the rest queued) before
+            # SIGTERM: a connection it never accepted could not be answered at all.
+            while httpx.get(served.url + "/info", timeout=10).json()["queue_depth"] < 4:
+                assert time.monotonic() < deadline, "the requests never queued"
+                time.sleep(0.02)
             assert served.stop() == 0
             answered = [r.result() for r in replies]
     statuses = sorted(r.status_code for r in answered)
