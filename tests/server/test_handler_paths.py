@@ -267,3 +267,45 @@ def test_server_spans_carry_the_route_never_the_raw_target() -> None:
     assert unmatched["http.target"] == "(unmatched)"
     for attributes in (rerank, unmatched):
         assert "SECRET" not in json.dumps(attributes, default=str)
+
+
+class LengthScorer(ControlledScorer):
+    """Counts a text's characters as its tokens: lengths the test chooses exactly."""
+
+    def count(self, query: str, texts: Sequence[str]) -> tuple[int, list[int]]:
+        return len(query), [len(t) for t in texts]
+
+
+def test_truncate_false_refuses_a_text_over_the_model_length_and_true_cuts_it() -> None:
+    long = "x" * 600  # over the 512 the scorer reads
+    with serving(LengthScorer()) as (url, _spans, _reader):
+        refused = httpx.post(
+            url + "/rerank", json={"query": "q", "texts": ["ok", long], "truncate": False}
+        )
+        cut = httpx.post(
+            url + "/rerank", json={"query": "q", "texts": ["ok", long], "truncate": True}
+        )
+        default = httpx.post(url + "/rerank", json={"query": "q", "texts": [long]})
+    assert refused.status_code == 422
+    assert refused.json()["error"].startswith(
+        "Input validation error: `inputs` must have less than 512 tokens. Given: 600"
+    )
+    assert "texts[1]" in refused.json()["error"]
+    assert cut.status_code == 200
+    # The count charged is what the model reads: 2 + 512, never the 600 sent.
+    assert cut.headers["x-compute-tokens"] == str(2 + 512)
+    assert default.status_code == 200
+    assert default.headers["x-compute-tokens"] == "512"
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_it_is_read() -> None:
+    with serving(ControlledScorer(), payload_limit=1000) as (url, _spans, _reader):
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=WAIT_S / 3) as sock:
+            sock.sendall(
+                b"POST /rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 1001\r\n\r\n"  # and not one byte of the body
+            )
+            head = sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 413 "), head[:80]
+    assert b'"error_type": "PayloadTooLarge"' in head
