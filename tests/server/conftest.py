@@ -21,14 +21,16 @@ pytest.importorskip("uvicorn", reason="the server needs the [server] extra")
 
 @pytest.fixture(scope="session")
 def embedding_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    """The default server: the packaged MiniLM embedding model, TEI's cap of 32."""
+    """The default server: the packaged MiniLM embedding model, TEI's cap of 32 (set here: the
+    server's default is 128), so that the client's learning and splitting are exercised."""
     need_numpy_backend()
     tmp = tmp_path_factory.mktemp("embedding-server")
     # The numpy backend (what `make demo` installs: no torch), its scores checked against
     # sentence-transformers run in this process where it is installed, else against the
     # numpy encoder, itself pinned by reference embeddings (tests/local/test_bert_reference.py).
     env = server_env(RETRIEVAL_STAGE_EMBEDDING_BACKEND="numpy")
-    with start_server(tmp, "--model-threads", "1", "--log-level", "DEBUG", env=env) as served:
+    args = ("--model-threads", "1", "--log-level", "DEBUG", "--max-client-batch-size", "32")
+    with start_server(tmp, *args, env=env) as served:
         yield served
 
 
