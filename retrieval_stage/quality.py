@@ -191,14 +191,22 @@ def rerank_quality(
     recall ranks seen so far as the bits of an int: after the first k, overlap is how many of
     its bits are below k and the deepest promotion its highest bit; tau-b counts, for each
     candidate, the better-ranked ones above it. IndexError when a position is not one of the
-    candidates'.
+    candidates', ValueError when one is scored twice (the reranker returned it twice: every
+    signal would be wrong). A score that is not finite is no measurement: its pair is left out.
+    A `top_k` below 1 leaves overlap and promotion undefined (None), as `topk_overlap` does.
     """
     if not scored:
         return _NOTHING_SCORED
+    if len({position for position, _ in scored}) != len(scored):
+        raise ValueError("a position is scored twice: the reranker returned it twice")
+    if not all(map(math.isfinite, [score for _, score in scored])):
+        scored = [(position, score) for position, score in scored if math.isfinite(score)]
+        if not scored:
+            return _NOTHING_SCORED
     if recall is None:
         recall = recall_order(candidates)
     n_scored = len(scored)
-    k = n_scored if top_k is None else min(top_k, n_scored)
+    k = n_scored if top_k is None else max(min(top_k, n_scored), 0)
     # Recall ranked something above something else: its order (scores high to low, unscored
     # last) does not start and end on the same score. Else tau is undefined and only the
     # first k need walking.
@@ -207,8 +215,8 @@ def rerank_quality(
     top_score = scored[0][1]
     return RerankQuality(
         kendall_tau=tau if ordered else None,
-        topk_overlap=(top & ((1 << k) - 1)).bit_count() / k,
-        max_promotion=top.bit_length(),
+        topk_overlap=(top & ((1 << k) - 1)).bit_count() / k if k else None,
+        max_promotion=top.bit_length() if k else None,
         top_score=top_score,
         score_margin=top_score - scored[1][1] if n_scored >= 2 else None,
     )

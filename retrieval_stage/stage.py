@@ -167,6 +167,10 @@ class RerankStage:
                 response = self._call(query, cands, k)
             except RerankError as exc:
                 return self._failed(span, cands, exc, started, k)
+            except Exception as exc:  # a reranker's own error type (a vendor SDK's)
+                if self.on_error == "raise":
+                    raise
+                return self._failed(span, cands, _untyped(exc), started, k)
             return self._succeeded(span, cands, response, started, k)
 
     async def arun_outcome(
@@ -187,6 +191,10 @@ class RerankStage:
             except asyncio.CancelledError:
                 span.cancelled()
                 raise
+            except Exception as exc:  # a reranker's own error type (a vendor SDK's)
+                if self.on_error == "raise":
+                    raise
+                return self._failed(span, cands, _untyped(exc), started, k)
             return self._succeeded(span, cands, response, started, k)
 
     # -- the call ----------------------------------------------------------------------------
@@ -377,3 +385,10 @@ def _checked(query: str, candidates: Sequence[Candidate]) -> list[Candidate]:
                 f"candidate {i} must be a retrieval_stage.Candidate, got {type(candidate).__name__}"
             )
     return cands
+
+
+def _untyped(exc: Exception) -> RerankError:
+    """A reranker's error of a type of its own, as the `RerankError` the fallback handles: it
+    names only the type, and does not chain `exc` (its message and traceback, which the span
+    would record, may quote the query or a document)."""
+    return RerankError(f"the reranker raised {type(exc).__name__}")

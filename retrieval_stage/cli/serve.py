@@ -98,9 +98,12 @@ def serve(
     max_client_batch_size: Annotated[
         int,
         typer.Option(
-            "--max-client-batch-size", min=1, help="Texts one request may hold (TEI's 32)."
+            "--max-client-batch-size",
+            min=1,
+            help="Texts one request may hold (TEI's is 32; 128 serves a 50-100-candidate "
+            "request in one call, for clients that cannot split).",
         ),
-    ] = 32,
+    ] = 128,
     max_batch_tokens: Annotated[
         int, typer.Option("--max-batch-tokens", min=1, help="Tokens in one model batch.")
     ] = 16384,
@@ -108,6 +111,15 @@ def serve(
         int,
         typer.Option("--max-batch-pairs", min=1, help="(query, text) pairs in one model batch."),
     ] = 256,
+    max_request_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-request-tokens",
+            min=1,
+            help="Tokens one request may cost the model (its texts and query; lexical: words); "
+            "more are refused with 422, so no request holds the model for long.",
+        ),
+    ] = 131_072,
     max_queue: Annotated[
         int,
         typer.Option(
@@ -137,6 +149,34 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            "--header-timeout",
+            min=0.1,
+            help="Seconds a connection may take to send its request head (after connecting "
+            "or after its last response); then it is closed.",
+        ),
+    ] = 10.0,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            "--max-connections",
+            min=1,
+            help="Connections open at once (default: the open-file limit less a reserve); at "
+            "the cap the longest-idle one is closed for a newcomer.",
+            show_default=False,
+        ),
+    ] = None,
+    drain_timeout: Annotated[
+        int,
+        typer.Option(
+            "--drain-timeout",
+            min=1,
+            help="Seconds SIGTERM or Ctrl-C waits for the requests in flight; those still "
+            "unanswered then get TEI's 503.",
+        ),
+    ] = 30,
     project: Annotated[
         str | None,
         typer.Option(
@@ -178,6 +218,7 @@ def serve(
             max_client_batch_size=max_client_batch_size,
             max_batch_tokens=max_batch_tokens,
             max_batch_pairs=max_batch_pairs,
+            max_request_tokens=max_request_tokens,
             max_queue=max_queue,
             batch_wait_ms=batch_wait_ms,
             payload_limit=payload_limit,
@@ -207,6 +248,9 @@ def serve(
             log_level=log_level,
             json_logs=not terminal,
             on_listening=_listening if terminal else None,  # else server.starting has the URL
+            drain_timeout=drain_timeout,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
         )
     except NotLoopbackError as exc:
         fail(EXIT_USAGE, str(exc))

@@ -1,10 +1,14 @@
 """`RerankerChain` / `AsyncRerankerChain`: failover across rerankers, each behind a breaker.
 
 A chain holds tiers (a primary, then fallbacks: any of our rerankers or a user's) and tries
-them in order until one answers: a tier that raises a `RerankError`, or whose answer breaks the
+them in order until one answers: a tier that raises (any exception but a cancellation:
+`asyncio.CancelledError`, `KeyboardInterrupt`, `SystemExit`), or whose answer breaks the
 contract (an item it was not given, a duplicate, a non-finite score), hands the call to the
-next. Each tier has its own `CircuitBreaker`: after `failure_threshold` consecutive failures it
-is skipped with no request at all, and after `cooldown` seconds one call probes it again. All
+next; an answer longer than the call's `top_k` is cut to it. In `AsyncRerankerChain` each
+sync tier runs on a thread pool of its own (`SYNC_TIER_THREADS` threads), so a tier that hangs
+fills only its own pool and never takes the threads the others need. Each tier has its own
+`CircuitBreaker`: after `failure_threshold` consecutive failures it is skipped with no request
+at all, and after `cooldown` seconds one call probes it again. All
 tiers share one `timeout`: each of our clients takes the smaller of its own timeout and what
 the chain's deadline has left (`_deadline.sharing`), so a hanging primary bounded by its own
 shorter timeout leaves the rest to the next tier. Only when every tier failed or was skipped
@@ -23,10 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import inspect
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Generic, TypeVar
 
 import anyio
@@ -60,7 +68,7 @@ from .breaker import (
     Transition,
 )
 
-__all__ = ["DEFAULT_CHAIN_TIMEOUT_S", "AsyncRerankerChain", "RerankerChain"]
+__all__ = ["DEFAULT_CHAIN_TIMEOUT_S", "SYNC_TIER_THREADS", "AsyncRerankerChain", "RerankerChain"]
 
 log = get_logger("retrieval_stage.chain")
 
@@ -74,6 +82,10 @@ BACKSTOP_GRACE_S = 0.1
 
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 """A URL quoted in free text: shown without userinfo, query or fragment (`shown_url`)."""
+
+SYNC_TIER_THREADS = 8
+"""Threads of each sync tier's own pool in `AsyncRerankerChain`: calls to that tier beyond
+these wait for one of them (within the chain's deadline), never for another tier's."""
 
 SKIPPED_OPEN = "circuit_open"
 SKIPPED_DEADLINE = "deadline"
@@ -241,13 +253,16 @@ class _ChainCore:
             tier.index, f"skipped_{reason}", provider=tier.provider, model=tier.metric_model
         )
 
-    def _failed(self, call: _Call[Any], tier: _Tier, permit: Permit, exc: RerankError) -> None:
+    def _failed(self, call: _Call[Any], tier: _Tier, permit: Permit, exc: Exception) -> None:
+        """`exc` (ours or any other exception a tier raised) counted as the tier's failure."""
         change = tier.breaker.failure(permit)
-        call.spend(exc.requests, exc.retries, exc.batches)
+        requests = getattr(exc, "requests", 0) if isinstance(exc, RerankError) else 0
+        if isinstance(exc, RerankError):
+            call.spend(exc.requests, exc.retries, exc.batches)
         cause = type(exc).__name__
         message = self._sanitised(call, tier, exc)
         call.failures.append(TierFailure(tier.index, tier.provider, cause, f"{cause}: {message}"))
-        fields = {**tier.fields(), "caused_by": cause, "error": message, "requests": exc.requests}
+        fields = {**tier.fields(), "caused_by": cause, "error": message, "requests": requests}
         log.info("rerank.tier_failed", **fields)
         _event("rerank.tier_failed", fields)
         self._metrics.tier_call(
@@ -283,8 +298,13 @@ class _ChainCore:
             if model is not None:
                 answered[RerankerAttributes.RERANKER_MODEL_NAME] = model
             span.set_attributes(answered)
+        results, indices = response.results, trusted_indices(call.items, response)
+        if call.top_k is not None and len(results) > call.top_k:
+            # A tier that ignored top_k: the chain answers what was asked for, no more.
+            results = results[: call.top_k]
+            indices = indices[: call.top_k] if indices is not None else None
         return RerankResponse(
-            results=response.results,
+            results=results,
             usage=response.usage,
             model=model,
             requests=call.requests + response.requests,
@@ -292,7 +312,7 @@ class _ChainCore:
             batches=call.batches + response.batches,
             # Positions in call.items (the caller's own order): passed on only when provably
             # so (our own clients' checked indices, naming call.items' own objects).
-            indices=trusted_indices(call.items, response),
+            indices=indices,
         )
 
     def _exhausted(self, call: _Call[Any]) -> RerankChainError:
@@ -412,7 +432,7 @@ class RerankerChain(_ChainCore):
             return None
         try:
             response = _call_sync(tier.reranker, call)
-        except RerankError as exc:
+        except Exception as exc:  # any tier error is its failure; cancellation is not
             self._failed(call, tier, permit, exc)
             return None
         except BaseException:
@@ -424,7 +444,13 @@ class RerankerChain(_ChainCore):
 class AsyncRerankerChain(_ChainCore):
     """The awaitable twin of `RerankerChain`: tiers may be async or sync rerankers (a sync
     one runs in a worker thread). An async tier is cancelled when the chain's deadline runs
-    out; safe under any number of concurrent tasks."""
+    out; safe under any number of concurrent tasks. Each sync tier runs on a pool of its own
+    (`SYNC_TIER_THREADS`), so one that hangs cannot take the threads of the others."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pools: dict[int, ThreadPoolExecutor] = {}
+        self._pools_lock = threading.Lock()
 
     async def __aenter__(self) -> AsyncRerankerChain:
         return self
@@ -433,7 +459,12 @@ class AsyncRerankerChain(_ChainCore):
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close every tier that can be closed (``aclose``, else ``close``)."""
+        """Close every tier that can be closed (``aclose``, else ``close``), and stop the sync
+        tiers' pools (a call still running in one finishes; none queued starts)."""
+        with self._pools_lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.shutdown(wait=False, cancel_futures=True)
         for tier in self._tiers:
             aclose = getattr(tier.reranker, "aclose", None)
             close = getattr(tier.reranker, "close", None)
@@ -478,7 +509,7 @@ class AsyncRerankerChain(_ChainCore):
             return None
         try:
             response = await self._bounded(call, tier)
-        except RerankError as exc:
+        except Exception as exc:  # any tier error is its failure; cancellation is not
             self._failed(call, tier, permit, exc)
             return None
         except BaseException:
@@ -499,8 +530,21 @@ class AsyncRerankerChain(_ChainCore):
             f"no answer within the {left:.3g} s the chain's deadline left", kind="deadline"
         )
 
-    @staticmethod
-    async def _call(call: _Call[T], tier: _Tier) -> RerankResponse[T]:
+    async def _call(self, call: _Call[T], tier: _Tier) -> RerankResponse[T]:
         if tier.is_async:
             return await _call_async(tier.reranker, call)
-        return await asyncio.to_thread(_call_sync, tier.reranker, call)
+        # The caller's context (its span, the shared deadline) goes with the call, as
+        # asyncio.to_thread would carry it, but onto this tier's own pool.
+        context = contextvars.copy_context()
+        run = functools.partial(context.run, _call_sync, tier.reranker, call)
+        return await asyncio.get_running_loop().run_in_executor(self._pool(tier), run)
+
+    def _pool(self, tier: _Tier) -> ThreadPoolExecutor:
+        with self._pools_lock:
+            pool = self._pools.get(tier.index)
+            if pool is None:
+                pool = ThreadPoolExecutor(
+                    SYNC_TIER_THREADS, thread_name_prefix=f"rerank-tier-{tier.index}"
+                )
+                self._pools[tier.index] = pool
+            return pool

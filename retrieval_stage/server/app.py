@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import time
+import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -37,18 +38,25 @@ from starlette.routing import Route
 
 from .._log import get_logger
 from .._version import __version__
-from .batcher import Batch, Batcher
+from .batcher import Batch, Batcher, ClientGone
 from .cohere import COHERE
 from .jina import JINA
 from .scorers import Group, Scorer, make_scorer, set_threads
 from .settings import ServerSettings
-from .telemetry import RequestRecord, ServerInstruments, record_batch, record_request
+from .telemetry import (
+    RequestRecord,
+    ServerInstruments,
+    record_batch,
+    record_request,
+    route_not_target,
+)
 from .wire import (
     Answer,
     ApiError,
     RerankApi,
     RerankJob,
     ServedModel,
+    internal_error,
     parse_rerank_body,
     render_scores,
     unhealthy,
@@ -125,6 +133,7 @@ class Serving:
             max_batch_tokens=settings.max_batch_tokens,
             max_queue=settings.max_queue,
             batch_wait=settings.batch_wait_ms / 1000,
+            max_request_tokens=settings.max_request_tokens,
             on_batch=self._on_batch,
         )
         self.instruments = ServerInstruments(parts.meter_provider, lambda: self.batcher.depth)
@@ -172,7 +181,7 @@ async def _load(serving: Serving, on_load_failure: Callable[[BaseException], Non
 
 
 # Every failure is answered here, in TEI's wire format, with the status that is logged and
-# metered. An unexpected error is not ours to word: it goes on to Starlette, which answers 500.
+# metered. An unexpected error is answered 500 in that format too, its traceback logged.
 
 
 def _error(exc: ApiError, api: RerankApi | None = None) -> Response:
@@ -188,9 +197,15 @@ def _failure(exc: Exception, api: RerankApi | None = None) -> tuple[Response, in
     as 499)."""
     if isinstance(exc, ApiError):
         return _error(exc, api), exc.status, exc.kind
-    if isinstance(exc, ClientDisconnect):
+    if isinstance(exc, (ClientDisconnect, ClientGone)):
         return Response(status_code=400), 499, "ClientDisconnect"
-    raise exc  # the unexpected-error path
+    kind = type(exc).__name__
+    _log.warning(
+        "server.unexpected_error",
+        error_type=kind,
+        traceback="".join(traceback.format_exception(exc)),
+    )
+    return _error(internal_error(kind), api), 500, kind
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -271,20 +286,31 @@ def _effective(
     return out
 
 
-async def _score(serving: Serving, job: RerankJob, context: otel_context.Context) -> _Scored:
+async def _hung_up(request: Request[State]) -> None:
+    """Returns once the client has gone away: after the body, the ASGI receive channel says
+    nothing more until ``http.disconnect``."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _score(
+    request: Request[State], serving: Serving, job: RerankJob, context: otel_context.Context
+) -> _Scored:
     """Count the job's tokens (on the counting thread), hand it to the batcher under the
-    request's trace `context`, and wait for its scores."""
+    request's trace `context`, and wait for its scores; a full queue is refused before any
+    thread work, and a client that hangs up takes its work out of the queue."""
     scorer = serving.scorer
     loop = asyncio.get_running_loop()
-    query_tokens, counted = await loop.run_in_executor(
-        serving.count_thread, scorer.count, job.query, job.texts
-    )
-    limit = scorer.max_input_length
-    tokens = _effective(job, counted, limit, auto_truncate=True)
-    ticket = serving.batcher.submit(
-        Group(job.query, job.texts, job.raw_scores), tokens, min(query_tokens, limit), context
-    )
-    scores = await ticket.future
+    with serving.batcher.admission():
+        query_tokens, counted = await loop.run_in_executor(
+            serving.count_thread, scorer.count, job.query, job.texts
+        )
+        limit = scorer.max_input_length
+        tokens = _effective(job, counted, limit, auto_truncate=True)
+        ticket = serving.batcher.submit(
+            Group(job.query, job.texts, job.raw_scores), tokens, min(query_tokens, limit), context
+        )
+    scores = await serving.batcher.wait(ticket, _hung_up(request))
     total = sum(tokens) + (query_tokens if scorer.kind == "embedding" else 0)
     return _Scored(scores, total, ticket.batches, ticket.queue_wait)
 
@@ -320,7 +346,7 @@ async def rerank(request: Request[State]) -> Response:
     try:
         job = await _parse(request, serving)
         record.shape, record.texts = job.shape, len(job.texts)
-        scored = await _score(serving, job, otel_context.get_current())
+        scored = await _score(request, serving, job, otel_context.get_current())
         response = _render(serving, job, scored, record.started)
         record.tokens, record.batches = scored.tokens, scored.batches
         record.queue_wait = scored.queue_wait
@@ -349,7 +375,7 @@ def _hosted(api: RerankApi) -> Callable[[Request[State]], Awaitable[Response]]:
             )
             asked = api.parse(raw, served)
             record.texts = len(asked.job.texts)
-            scored = await _score(serving, asked.job, otel_context.get_current())
+            scored = await _score(request, serving, asked.job, otel_context.get_current())
             body = api.render(Answer(asked, scored.scores, scored.tokens))
             response = _render(serving, asked.job, scored, record.started, body)
             record.tokens, record.batches = scored.tokens, scored.batches
@@ -449,6 +475,7 @@ def create_app(
                 tracer_provider=tracer_provider,
                 meter_provider=meter_provider,
                 default_span_details=_span_details,
+                server_request_hook=route_not_target(ROUTES),
                 excluded_urls="/health",
                 exclude_spans=["receive", "send"],
             )

@@ -9,6 +9,13 @@ scores pairs independently (the cross-encoder, the embedding model); the lexical
 requests are never cut (one slice may then exceed the budget). A request's scores are put back
 together from its slices by position, so nothing depends on where in a batch a text ran.
 
+A request costs at most `max_request_tokens` tokens (its texts' as the model reads them, and its
+query's where the model reads it apart): one more is refused before it is queued, so no request
+can hold the model thread for longer than that much work takes. A request whose client went
+away is `abandon`-ed: its slices still queued are skipped, and `wait` does that by itself when
+the caller's ``gone`` finishes first. `refuse_all` answers every request not yet answered with
+TEI's 503 (the end of a drain); `stop` does the same once the batching task has stopped.
+
 Each batch is reported to `on_batch` once it ran (the server turns that into one span per
 request in it, and metrics); it gets every request of the batch with its share and wait.
 """
@@ -19,15 +26,26 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
 from .scorers import Group, Scorer
-from .wire import ApiError, overloaded
+from .wire import ApiError, overloaded, too_much_work
 
-__all__ = ["Batch", "BatchShare", "Batcher", "Ticket", "plan_slices"]
+__all__ = ["Batch", "BatchShare", "Batcher", "ClientGone", "Ticket", "plan_slices", "request_cost"]
+
+
+class ClientGone(Exception):
+    """The client went away before its scores were ready (`Batcher.wait`); nothing to answer."""
+
+
+def request_cost(kind: str, tokens: Sequence[int], query_tokens: int) -> int:
+    """Tokens one request costs the model: its texts', plus the query's where the model reads
+    the query apart (the embedding model, the lexical reranker); a cross-encoder's pair counts
+    already hold the query."""
+    return sum(tokens) + (0 if kind == "local" else query_tokens)
 
 
 def plan_slices(
@@ -128,6 +146,7 @@ class Batcher:
         max_batch_tokens: int,
         max_queue: int,
         batch_wait: float,
+        max_request_tokens: int,
         on_batch: Callable[[Batch], None] | None = None,
     ) -> None:
         self.scorer = scorer
@@ -136,9 +155,12 @@ class Batcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_queue = max_queue
         self.batch_wait = batch_wait
+        self.max_request_tokens = max_request_tokens
         self.on_batch = on_batch
         self._slices: collections.deque[_Slice] = collections.deque()
         self._waiting: set[Ticket] = set()
+        self._running: list[Ticket] = []
+        self._admitting = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._batches = 0
@@ -153,23 +175,69 @@ class Batcher:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="rerank-batcher")
 
     async def stop(self) -> None:
-        """Stop taking work; requests still queued are refused as unhealthy."""
+        """Stop taking work; every request not yet answered, queued or on the model thread, is
+        refused as unhealthy (TEI's 503)."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        for piece in self._slices:
-            if not piece.ticket.future.done():
-                piece.ticket.future.set_exception(ApiError("Unhealthy", "the server is stopping"))
+        self.refuse_all()
+
+    def refuse_all(self, message: str = "the server is stopping") -> int:
+        """Answer every request not yet answered with TEI's 503 and drop their queued work;
+        how many were refused. The batch on the model thread finishes, unread."""
+        refused = 0
+        for ticket in [p.ticket for p in self._slices] + self._running:
+            if not ticket.future.done():
+                ticket.future.set_exception(ApiError("Unhealthy", message))
+                refused += 1
         self._slices.clear()
         self._waiting.clear()
+        return refused
+
+    def abandon(self, ticket: Ticket) -> None:
+        """The ticket's client went away: its slices still queued are skipped, never scored."""
+        if not ticket.future.done():
+            ticket.future.cancel()
+        self._waiting.discard(ticket)
+
+    async def wait(self, ticket: Ticket, gone: Awaitable[object]) -> list[float]:
+        """The ticket's scores, in input order; `ClientGone` once `gone` finishes first (the
+        client hung up), and the ticket is abandoned then, or if this wait is cancelled."""
+        watcher: asyncio.Future[Any] = asyncio.ensure_future(gone)
+        either: set[asyncio.Future[Any]] = {ticket.future, watcher}
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if not ticket.future.done():
+                raise ClientGone
+            return ticket.future.result()
+        finally:
+            watcher.cancel()
+            if not ticket.future.done():
+                self.abandon(ticket)
+
+    @contextlib.contextmanager
+    def admission(self) -> Iterator[None]:
+        """Hold a place in the queue while the request is prepared (its tokens counted):
+        TEI's 429 at once when the queue and the requests already being prepared fill it, so
+        a refusal never waits behind the token-count thread."""
+        if len(self._waiting) + self._admitting >= self.max_queue:
+            raise overloaded()
+        self._admitting += 1
+        try:
+            yield
+        finally:
+            self._admitting -= 1
 
     def submit(self, group: Group, tokens: list[int], query_tokens: int, context: Any) -> Ticket:
         """Queue one request (TEI's 429 `ApiError` when the queue is full); await
         ``ticket.future`` for its scores, in input order."""
         if len(self._waiting) >= self.max_queue:
             raise overloaded()
+        cost = request_cost(self.scorer.kind, tokens, query_tokens)
+        if cost > self.max_request_tokens:
+            raise too_much_work(cost, self.max_request_tokens)
         ticket = Ticket(group, tokens, query_tokens, context)
         if self.scorer.splittable:
             # A bi-encoder embeds the query once per slice: that counts against the budget.
@@ -211,8 +279,9 @@ class Batcher:
         return taken
 
     def _full(self) -> bool:
-        pairs = sum(p.end - p.start for p in self._slices)
-        tokens = sum(p.tokens for p in self._slices)
+        live = [p for p in self._slices if not p.ticket.future.done()]
+        pairs = sum(p.end - p.start for p in live)
+        tokens = sum(p.tokens for p in live)
         return pairs >= self.max_batch_pairs or tokens >= self.max_batch_tokens
 
     async def _run(self) -> None:
@@ -247,6 +316,7 @@ class Batcher:
         ]
         error: BaseException | None = None
         results: list[list[float]] = []
+        self._running = [p.ticket for p in taken]
         try:
             results = await loop.run_in_executor(self.executor, self.scorer.score, groups)
             if len(results) != len(groups) or any(
@@ -257,6 +327,7 @@ class Batcher:
             raise
         except Exception as exc:  # torch, tokenizer and our own errors: the batch failed
             error = exc
+        self._running = []  # kept when cancelled: `stop` refuses what was on the model thread
         ended, ended_ns = time.monotonic(), time.time_ns()
         self._batches += 1
         shares: dict[Ticket, BatchShare] = {}

@@ -6,10 +6,14 @@ JSON logs (`configure_logging`: every line inside a request carries its ``trace_
 (`configure_tracing`, `configure_metrics`, every standard ``OTEL_*`` variable honoured). It
 binds only to loopback unless told otherwise. SIGTERM or Ctrl-C stops accepting connections,
 lets the requests in flight finish (up to `drain_timeout` seconds), then flushes telemetry.
+Connections are bounded (`retrieval_stage.server.connections`): one that has not sent its
+request head within `header_timeout` seconds is closed, and at most `max_connections` stay
+open (default: what the open-file limit allows, less a reserve).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -122,6 +126,20 @@ def _telemetry(project: str | None) -> tuple[Any, Any, str | None]:
     return tracer_provider, meter_provider, where
 
 
+DRAIN_GRACE_S = 2
+"""Seconds between the end of the drain (unanswered requests refused with 503) and uvicorn
+cancelling what is left: time for those handlers to send their answers."""
+
+
+def _cut_drain(lifespan_state: dict[str, Any]) -> None:
+    """Refuse with 503 what still waits for the model (the app's lifespan state holds its
+    `Serving`, whose batcher knows)."""
+    serving = lifespan_state.get("server")
+    batcher = getattr(serving, "batcher", None)
+    if batcher is not None:
+        _log.warning("server.drain_cut", refused=batcher.refuse_all("the server is stopping"))
+
+
 def serve(
     settings: ServerSettings,
     *,
@@ -133,6 +151,8 @@ def serve(
     drain_timeout: int = 30,
     json_logs: bool = True,
     on_listening: Callable[[str], None] | None = None,
+    header_timeout: float = 10.0,
+    max_connections: int | None = None,
 ) -> int:
     """Run the server until SIGTERM or Ctrl-C; the process's exit code (0, or 1 when the model
     could not be loaded).
@@ -152,6 +172,17 @@ def serve(
 
     from ..telemetry import configure_logging, shutdown_telemetry
     from .app import create_app
+    from .connections import (
+        ConnectionGuard,
+        default_max_connections,
+        guarded_protocol,
+        quiet_accept_failures,
+    )
+
+    guard = ConnectionGuard(
+        max_connections if max_connections is not None else default_max_connections(),
+        header_timeout,
+    )
 
     sock = _bind(host, port, backlog=2048)  # uvicorn's default backlog
     # The model loaders' progress bars would write raw lines between the JSON ones.
@@ -180,10 +211,29 @@ def serve(
         log_config=None,
         access_log=False,
         lifespan="on",
-        timeout_graceful_shutdown=max(1, drain_timeout),
+        timeout_graceful_shutdown=max(1, drain_timeout) + DRAIN_GRACE_S,
         server_header=False,
+        http=guarded_protocol(guard),
     )
-    server = uvicorn.Server(config)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            loop = asyncio.get_running_loop()
+            loop.set_exception_handler(quiet_accept_failures(loop))
+            await super().startup(sockets)
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            # At the end of the drain the requests still waiting for the model get TEI's
+            # 503 from their own handlers, before uvicorn cancels what is left.
+            cut = asyncio.get_running_loop().call_later(
+                drain_timeout, _cut_drain, self.lifespan.state
+            )
+            try:
+                await super().shutdown(sockets)
+            finally:
+                cut.cancel()
+
+    server = Server(config)
     # uvicorn re-raises the signal that stopped it once it has drained; with Python's default
     # handler that would kill the process before telemetry is flushed. A handler that only
     # notes the signal keeps it alive for that last step.
@@ -200,6 +250,8 @@ def serve(
         model=settings.model,
         traces_to=where,
         loopback_only=is_loopback(host),
+        max_connections=guard.max_connections,
+        header_timeout_s=header_timeout,
     )
     if on_listening is not None:
         on_listening(_url(host, bound_port))

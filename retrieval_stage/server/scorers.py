@@ -222,7 +222,10 @@ class LexicalScorer:
         return None
 
     def count(self, query: str, texts: Sequence[str]) -> tuple[int, list[int]]:
-        return len(query.split()), [len(t.split()) for t in texts]
+        from ..local.lexical import word_count
+
+        # The words the reranker reads (not whitespace-split ones: "a-b-c" is three).
+        return word_count(query), [word_count(t) for t in texts]
 
     def score(self, groups: Sequence[Group]) -> list[list[float]]:
         out: list[list[float]] = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
@@ -51,6 +52,7 @@ __all__ = [
     "record_batch",
     "record_batch_spans",
     "record_request",
+    "route_not_target",
 ]
 
 BATCH_SPAN_NAME = "rerank.batch"
@@ -163,6 +165,34 @@ class RequestRecord:
     queue_wait: float = 0.0
     status: int = 200
     error_type: str | None = None
+
+
+UNMATCHED_TARGET = "(unmatched)"
+"""What a span says of a path the server does not serve (a scanner's, say): never the path."""
+
+
+def route_not_target(routes: tuple[str, ...]) -> Callable[[trace.Span, dict[str, Any]], None]:
+    """A server request hook for the ASGI instrumentation: the route template in place of the
+    raw target on the SERVER span (``http.target``, ``http.url``, and ``url.path`` and
+    ``url.query`` where the new conventions are on), so no path or query string a caller
+    sent lands in the traces."""
+
+    def hook(span: trace.Span, scope: dict[str, Any]) -> None:
+        if not span.is_recording():
+            return
+        path = str(scope.get("path", ""))
+        route = path if path in routes else UNMATCHED_TARGET
+        server = scope.get("server") or ("", None)
+        host = f"{server[0]}:{server[1]}" if server[1] is not None else str(server[0])
+        span.set_attribute("http.target", route)
+        span.set_attribute("http.url", f"{scope.get('scheme', 'http')}://{host}{route}")
+        recorded = getattr(span, "attributes", None) or {}
+        if "url.path" in recorded:
+            span.set_attribute("url.path", route)
+        if "url.query" in recorded:
+            span.set_attribute("url.query", "")
+
+    return hook
 
 
 def record_request(

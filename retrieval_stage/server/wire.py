@@ -38,6 +38,7 @@ __all__ = [
     "check_model",
     "decode_object",
     "flag",
+    "internal_error",
     "json_kind",
     "listed",
     "model_not_served",
@@ -47,6 +48,7 @@ __all__ = [
     "ranked",
     "render_scores",
     "string",
+    "too_much_work",
     "top_n",
     "unhealthy",
 ]
@@ -62,6 +64,7 @@ ERROR_STATUS = {
     "Overloaded": 429,
     "Backend": 424,
     "Unhealthy": 503,
+    "Internal": 500,
     "PayloadTooLarge": 413,
     "NotFound": 404,
     "MethodNotAllowed": 405,
@@ -93,6 +96,22 @@ def batch_too_large(sent: int, cap: int) -> ApiError:
 def overloaded() -> ApiError:
     """The queue is full: 429, as TEI says it."""
     return ApiError("Overloaded", "Model is overloaded")
+
+
+def internal_error(kind: str) -> ApiError:
+    """An error nobody foresaw: 500 in TEI's shape, naming only the exception's type (its
+    message may quote what the caller sent)."""
+    return ApiError("Internal", f"Internal error ({kind}); the server logged it")
+
+
+def too_much_work(cost: int, cap: int) -> ApiError:
+    """More tokens in one request than ``--max-request-tokens``: TEI's 422, in the words of
+    its token check (the numbers only, never the texts)."""
+    return ApiError(
+        "Validation",
+        f"Input validation error: the request must have at most {cap} tokens "
+        f"(its texts and query, as the model reads them). Given: {cost}",
+    )
 
 
 def unhealthy() -> ApiError:
@@ -152,6 +171,12 @@ def string(value: Any, where: str) -> str:
     """`value`, which must be a string; the error names the field at `where`."""
     if not isinstance(value, str):
         raise ApiError("Validation", f"`{where}` must be a string, got {json_kind(value)}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # valid JSON ("\ud800"), but no text a model can read
+        raise ApiError(
+            "Validation", f"`{where}` is not valid Unicode: it holds a lone surrogate"
+        ) from None
     return value
 
 
@@ -164,9 +189,13 @@ def decode_object(raw: bytes) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         where = f" (line {exc.lineno}, column {exc.colno})"
         raise ApiError("Validation", f"the body is not valid JSON{where}", status=400) from None
-    except ValueError:  # UnicodeDecodeError: not UTF-8
+    except UnicodeDecodeError:
         where = " (not UTF-8)"
         raise ApiError("Validation", f"the body is not valid JSON{where}", status=400) from None
+    except ValueError:  # an integer past Python's digit limit (4,300 by default)
+        raise ApiError(
+            "Validation", "the body holds a number with too many digits", status=400
+        ) from None
     if not isinstance(body, dict):
         raise ApiError("Validation", f"the body must be a JSON object, got {json_kind(body)}")
     return body

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -96,9 +97,19 @@ def wait_healthy(served: Served, timeout: float = STARTUP_SECONDS) -> None:
 
 @contextmanager
 def start_server(
-    tmp: Path, *args: str, env: dict[str, str] | None = None, wait: bool = True
+    tmp: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    wait: bool = True,
+    open_files: int | None = None,
 ) -> Iterator[Served]:
-    """`retrieval-stage serve ARGS` on a free loopback port; stopped (SIGTERM) afterwards."""
+    """`retrieval-stage serve ARGS` on a free loopback port; stopped (SIGTERM) afterwards.
+    `open_files` lowers the server process's open-file limit (``RLIMIT_NOFILE``)."""
+
+    def limit_files() -> None:
+        if open_files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
     port = free_port()
     log_path = tmp / f"server-{port}.log"
     with log_path.open("wb") as log:
@@ -109,6 +120,7 @@ def start_server(
             stderr=subprocess.STDOUT,
             env=env or server_env(),
             cwd=tmp,
+            preexec_fn=limit_files if open_files is not None else None,
         )
         served = Served(f"http://127.0.0.1:{port}", proc, log_path)
         try:

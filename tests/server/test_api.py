@@ -79,7 +79,7 @@ def test_sidecar_shape_answers_in_input_order_by_id(embedding_server: Served) ->
 def test_info_has_teis_fields_and_health_says_ready(embedding_server: Served) -> None:
     info = httpx.get(embedding_server.url + "/info", timeout=10.0).json()
     assert info["model_id"] == "sentence-transformers/all-MiniLM-L6-v2"
-    assert info["max_client_batch_size"] == 32
+    assert info["max_client_batch_size"] == 32  # the fixture's; the default is 128
     assert info["max_batch_tokens"] == 16384
     assert info["max_input_length"] == 256
     assert info["reranker"] == "embedding"
@@ -102,15 +102,17 @@ def _error(reply: httpx.Response, status: int, kind: str) -> str:
 
 
 def test_more_texts_than_the_cap_are_refused_in_teis_words(lexical_server: Served) -> None:
-    texts = [f"{SECRET} {i}" for i in range(64)]
+    texts = [f"{SECRET} {i}" for i in range(200)]
     reply = post(lexical_server.url, {"query": SECRET, "texts": texts})
-    assert _error(reply, 422, "Validation") == "batch size 64 > maximum allowed batch size 32"
+    assert _error(reply, 422, "Validation") == "batch size 200 > maximum allowed batch size 128"
     from retrieval_stage.client.error_bodies import batch_size_refusal
 
-    assert batch_size_refusal(reply.json()["error"]) == 32, "our client reads the cap"
-    docs = [{"id": str(i), "text": t} for i, t in enumerate(texts[:40])]
+    assert batch_size_refusal(reply.json()["error"]) == 128, "our client reads the cap"
+    docs = [{"id": str(i), "text": t} for i, t in enumerate(texts[:129])]
     sidecar = post(lexical_server.url, {"query": SECRET, "documents": docs})
-    assert _error(sidecar, 422, "Validation") == "batch size 40 > maximum allowed batch size 32"
+    assert _error(sidecar, 422, "Validation") == "batch size 129 > maximum allowed batch size 128"
+    at_cap = post(lexical_server.url, {"query": SECRET, "texts": texts[:100]})
+    assert at_cap.status_code == 200, "a 100-candidate request is served in one call"
 
 
 @pytest.mark.parametrize(

@@ -33,7 +33,7 @@ def corpus(n: int, seed: int) -> list[str]:
 
 
 def direct(url: str, query: str, texts: list[str]) -> dict[int, float]:
-    """Scores by index from single raw requests of at most 32 texts (the server's cap)."""
+    """Scores by index from single raw requests of at most 32 texts."""
     out: dict[int, float] = {}
     for start in range(0, len(texts), 32):
         reply = httpx.post(

@@ -14,13 +14,14 @@ from retrieval_stage.server.run import NotLoopbackError
 from retrieval_stage.server.settings import is_loopback
 from retrieval_stage.validate import InvalidSetting
 
+from .._minilm import need_numpy_backend
 from .served import ROOT, SCRIPT, Served, server_env, start_server, wait_healthy
 
 
 def test_health_is_503_until_the_model_is_loaded_and_sigterm_stops_a_loading_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    pytest.importorskip("sentence_transformers", reason="needs the [local] extra")
+    need_numpy_backend()  # the default server: the packaged model, on numpy without torch
     tmp = tmp_path_factory.mktemp("loading")
     with start_server(tmp, "--model-threads", "1", wait=False) as served:
         deadline = time.monotonic() + 60

@@ -189,7 +189,7 @@ def test_output_value_written_whole_by_orjson_is_what_json_dumps_writes(
 
 
 class Boom:
-    """A reranker whose failure is not a RerankError: it escapes the stage."""
+    """A reranker whose failure is not a RerankError: it escapes a stage that raises."""
 
     provider = None
     model_name = None
@@ -206,7 +206,9 @@ def test_an_escaping_exception_ends_the_span_as_start_as_current_span_does() -> 
     outer = tracer.start_span("outer")
     with trace.use_span(outer):
         with pytest.raises(ValueError, match="boom"):
-            RerankStage(Boom(), tracer_provider=provider).run("q", [Candidate("a", "x")])
+            RerankStage(Boom(), tracer_provider=provider, on_error="raise").run(
+                "q", [Candidate("a", "x")]
+            )
         assert trace.get_current_span() is outer  # the stage's span is no longer current
         with pytest.raises(ValueError, match="boom"), tracer.start_as_current_span("reference"):
             raise ValueError("boom")

@@ -1,0 +1,140 @@
+"""Connections under a real ``retrieval-stage serve`` (lexical, on loopback) whose open-file
+limit is lowered to 256: silent and slow clients are closed after the header timeout, a flood
+of idle connections never locks a real client out, and running out of descriptors is said in
+a few log lines, not megabytes of them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from retrieval_stage.server.connections import default_max_connections
+
+from .served import Served, start_server
+
+OPEN_FILES = 256
+HEADER_TIMEOUT_S = 2.0
+CLOSE_MARGIN_S = 20.0
+"""How much later than the header timeout a busy shared machine may close a connection."""
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("guarded-lexical")
+    args = ("--reranker", "lexical", "--header-timeout", str(HEADER_TIMEOUT_S))
+    with start_server(tmp, *args, open_files=OPEN_FILES) as served:
+        yield served
+
+
+def _connect(served: Served) -> socket.socket:
+    host, port = served.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=5.0)
+
+
+def _closed_by_server(sock: socket.socket, within: float) -> bool:
+    """True once the server closes `sock` (EOF or reset) within `within` seconds."""
+    sock.settimeout(within)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _rerank(served: Served) -> httpx.Response:
+    body = {"query": "delete a directory", "texts": ["rmtree deletes a directory", "bananas"]}
+    return httpx.post(served.url + "/rerank", json=body, timeout=30.0)
+
+
+def test_a_connection_that_sends_nothing_is_closed_after_the_header_timeout(
+    guarded: Served,
+) -> None:
+    sockets = [_connect(guarded) for _ in range(20)]
+    try:
+        started = time.monotonic()
+        assert all(_closed_by_server(s, HEADER_TIMEOUT_S + CLOSE_MARGIN_S) for s in sockets)
+        assert time.monotonic() - started >= HEADER_TIMEOUT_S * 0.9
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def test_a_header_sent_a_byte_at_a_time_is_cut_off_at_the_header_timeout(
+    guarded: Served,
+) -> None:
+    with contextlib.closing(_connect(guarded)) as sock:
+        started = time.monotonic()
+        sock.sendall(b"POST /rerank HTTP/1.1\r\nHost: x\r\n")
+        deadline = started + HEADER_TIMEOUT_S + CLOSE_MARGIN_S
+        closed = False
+        while time.monotonic() < deadline and not closed:
+            try:
+                sock.sendall(b"X")
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            closed = _closed_by_server(sock, 0.3)
+        assert closed, "the server kept a slow header's connection open"
+        assert time.monotonic() - started >= HEADER_TIMEOUT_S * 0.9
+
+
+def test_a_flood_of_idle_connections_never_locks_a_real_client_out(guarded: Served) -> None:
+    cap = default_max_connections(OPEN_FILES)
+    flood = [_connect(guarded) for _ in range(cap + 150)]  # far past the descriptors left
+    try:
+        for _ in range(3):
+            reply = _rerank(guarded)
+            assert reply.status_code == 200, reply.text
+            assert [r["index"] for r in reply.json()] == [0, 1]
+        closed = sum(_closed_by_server(s, 0.01) for s in flood[:150])
+        assert closed >= 140, "the longest-idle connections make room for newcomers"
+    finally:
+        for s in flood:
+            s.close()
+    assert httpx.get(guarded.url + "/health", timeout=10.0).status_code == 200
+    lines = guarded.log_lines()
+    said = [line for line in lines if line.get("event") == "server.connection_evicted"]
+    assert 1 <= len(said) <= 3, said
+    flooded = [line for line in lines if "Too many open files" in json.dumps(line)]
+    assert len(flooded) <= 3, flooded[:3]
+    assert len(guarded.log_text()) < 200_000
+
+
+def test_running_out_of_descriptors_is_said_in_a_few_lines(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A cap set above the open-file limit: ``accept`` fails for want of descriptors, said at
+    most once per ten seconds; once the silent connections time out, clients are served."""
+    tmp = tmp_path_factory.mktemp("unbounded-lexical")
+    args = ("--reranker", "lexical", "--header-timeout", str(HEADER_TIMEOUT_S))
+    with start_server(tmp, *args, "--max-connections", "100000", open_files=OPEN_FILES) as served:
+        flood = [_connect(served) for _ in range(OPEN_FILES + 100)]
+        try:
+            time.sleep(1.0)  # the loop keeps trying to accept the ones it cannot
+            for s in flood:
+                s.close()
+            deadline = time.monotonic() + HEADER_TIMEOUT_S + CLOSE_MARGIN_S
+            while True:
+                try:
+                    if _rerank(served).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "the server never recovered"
+                time.sleep(0.2)
+        finally:
+            for s in flood:
+                s.close()
+        lines = served.log_lines()
+        said = [line for line in lines if line.get("event") == "server.accept_failed"]
+        assert 1 <= len(said) <= 3, said
+        assert said[0]["error"] == "OSError"
+        assert not [line for line in lines if "Too many open files" in json.dumps(line)]
+        assert len(served.log_text()) < 200_000
