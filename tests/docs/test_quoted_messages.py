@@ -27,4 +27,4 @@ def test_server_md_quotes_the_hosted_apis_refusals() -> None:
     text = _flat((ROOT / "docs/server.md").read_text(encoding="utf-8"))
     error = model_not_served("rerank-v3.5", "sentence-transformers/all-MiniLM-L6-v2")
     assert _flat(cohere.error_body(error).decode()) in text
-    assert batch_too_large(50, 32).message in text
+    assert batch_too_large(200, 128).message in text

@@ -145,8 +145,8 @@ def test_the_sdk_maps_the_servers_other_refusals_to_its_own_exceptions(
     model = served_model(lexical_server.url)
     client = sdk(lexical_server.url)
     with pytest.raises(cohere.errors.UnprocessableEntityError) as too_many:
-        client.rerank(model=model, query=QUERY, documents=[f"t{i}" for i in range(40)])
-    assert too_many.value.body == {"message": "batch size 40 > maximum allowed batch size 32"}
+        client.rerank(model=model, query=QUERY, documents=[f"t{i}" for i in range(200)])
+    assert too_many.value.body == {"message": "batch size 200 > maximum allowed batch size 128"}
     with pytest.raises(cohere.errors.BadRequestError) as empty:
         client.rerank(model=model, query=QUERY, documents=[])
     assert empty.value.body == {"message": "`documents` cannot be empty"}
