@@ -3,7 +3,8 @@ through sentence-transformers, and a lexical fallback.
 
 - `cross_encoder`: `CrossEncoderReranker` (and its async twin);
 - `embedding`: `EmbeddingReranker`, `EmbeddingCache` (and the async twin);
-- `lexical`: `LexicalReranker`, a bag-of-words heuristic that needs no extra;
+- `lexical`: `LexicalReranker`, a bag-of-words heuristic that needs no extra, and `word_count`,
+  the words it reads (what the server charges a lexical request);
 - `bert`: `BertEncoder`, all-MiniLM-L6-v2 (a BERT encoder with mean pooling) in numpy, no torch;
 - `base`: what the model rerankers share (load once, close, the worker-thread twin);
 - `model_source`: where a model's files come from, offline first.
@@ -30,7 +31,7 @@ from .embedding import (
     EmbeddingReranker,
     choose_backend,
 )
-from .lexical import LexicalReranker
+from .lexical import LexicalReranker, word_count
 
 __all__ = [
     "DEFAULT_EMBEDDING_MODEL",
@@ -49,4 +50,5 @@ __all__ = [
     "embedding_available",
     "light_embedding_available",
     "local_available",
+    "word_count",
 ]

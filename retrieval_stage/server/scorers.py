@@ -222,7 +222,7 @@ class LexicalScorer:
         return None
 
     def count(self, query: str, texts: Sequence[str]) -> tuple[int, list[int]]:
-        from ..local.lexical import word_count
+        from ..local import word_count
 
         # The words the reranker reads (not whitespace-split ones: "a-b-c" is three).
         return word_count(query), [word_count(t) for t in texts]
