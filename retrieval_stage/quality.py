@@ -18,9 +18,20 @@ have collapsed (every pair 0.5).
 - `max_promotion`: the deepest 1-based recall rank among the rerank top-k (k when nothing came
   up from below the recall top-k).
 - `top_score`, `score_margin`: the best rerank score, and the best minus the second best.
+- `rbo`: rank-biased overlap (`rank_biased_overlap`) between recall's top k and the
+  reranker's top k, in its extrapolated form RBO_ext (Webber, Moffat and Zobel, "A similarity
+  measure for indefinite rankings", TOIS 2010, eq. 30 for two lists of the same depth k) with
+  persistence p = 0.9 (`RBO_PERSISTENCE`). Where overlap counts the top k as a set, RBO weighs
+  agreement at the head more: 1 identical top k in the same order, 0 disjoint; a swap at ranks
+  1-2 costs more than one at ranks 9-10. p = 0.9 gives the first 10 ranks about 86% of the
+  weight (the paper's eq. 21), matching the usual top_k of 10; a deeper top_k still counts, with
+  less weight per rank.
+- `score_spread`: the best minus the worst of the reranker's top-k scores. Near 0 the reranker
+  cannot tell its top k apart (a collapse across the head, where `score_margin` sees only the
+  first two); it is None where `score_margin` is (fewer than two scores in the top k).
 
 Everything here is pure and cheap, so it can run on every traced call: `rerank_quality`
-derives all five signals from one walk down the scored candidates, keeping the recall ranks
+derives all seven signals from one walk down the scored candidates, keeping the recall ranks
 seen so far as the bits of an int (an `&` and a popcount per candidate, no sorting, no dict);
 for 50 candidates it costs about a third of the stage's own result check
 (``python -m benchmarks --only quality``; figures in docs/quality.md).
@@ -31,28 +42,36 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import ge, gt, lt
-from typing import Any
+from typing import Any, NamedTuple
 
 from .models import Candidate, recall_order
 from .spans.keys import (
     ATTR_KENDALL_TAU,
     ATTR_MAX_PROMOTION,
+    ATTR_RBO,
     ATTR_SCORE_MARGIN,
+    ATTR_SCORE_SPREAD,
     ATTR_TOP_SCORE,
     ATTR_TOPK_OVERLAP,
 )
 
 __all__ = [
+    "RBO_PERSISTENCE",
     "RerankQuality",
     "kendall_tau_b",
     "max_promotion",
+    "rank_biased_overlap",
     "rerank_quality",
     "topk_overlap",
 ]
+
+RBO_PERSISTENCE = 0.9
+"""The persistence p of the stage's rank-biased overlap: the chance that a reader who looked at
+rank d looks at rank d + 1. 0.9 puts about 86% of the weight on the first 10 ranks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +83,8 @@ class RerankQuality:
     max_promotion: int | None
     top_score: float | None
     score_margin: float | None
+    rbo: float | None = None
+    score_spread: float | None = None
 
     def attributes(self) -> dict[str, float | int]:
         """The span attributes (``retrieval_stage.quality.*``); undefined signals are left out,
@@ -74,6 +95,8 @@ class RerankQuality:
             (ATTR_MAX_PROMOTION, self.max_promotion),
             (ATTR_TOP_SCORE, self.top_score),
             (ATTR_SCORE_MARGIN, self.score_margin),
+            (ATTR_RBO, self.rbo),
+            (ATTR_SCORE_SPREAD, self.score_spread),
         )
         return {key: value for key, value in pairs if value is not None}
 
@@ -172,6 +195,46 @@ def max_promotion(recall: Sequence[int], reranked: Sequence[int], k: int) -> int
     raise AssertionError("unreachable: every position of `top` is in `recall`")  # pragma: no cover
 
 
+def rank_biased_overlap(
+    a: Sequence[Hashable], b: Sequence[Hashable], p: float = RBO_PERSISTENCE
+) -> float | None:
+    """Rank-biased overlap of rankings `a` and `b` (best first), extrapolated: RBO_ext of
+    Webber, Moffat and Zobel (2010), eq. 30, at depth k = the shorter one's length.
+
+    RBO_ext = X_k / k * p**k + (1 - p) / p * sum over d = 1..k of X_d / d * p**d, where X_d is
+    how many items the first d of `a` and of `b` share. It assumes the agreement seen at depth k
+    continues below it, so identical rankings score 1 (not RBO's lower bound 1 - p**k) and
+    disjoint ones 0. Symmetric, in [0, 1]. The longer ranking is read only to depth k (the
+    paper's form for uneven lists, eq. 32, is not what the stage needs: it compares two top k).
+
+    None when either ranking is empty. ValueError when p is not in (0, 1) or an item appears
+    twice in the first k of a ranking (a ranking holds each item once).
+    """
+    if not 0.0 < p < 1.0:  # also refuses NaN
+        raise ValueError(f"persistence p must lie in (0, 1), not {p!r}")
+    k = min(len(a), len(b))
+    if k == 0:
+        return None
+    head_a, head_b = a[:k], b[:k]
+    if len(set(head_a)) != k or len(set(head_b)) != k:
+        raise ValueError("an item appears twice in a ranking")
+    seen_a: set[Hashable] = set()
+    seen_b: set[Hashable] = set()
+    shared = 0
+    weight = 1.0
+    total = 0.0
+    for d, (x, y) in enumerate(zip(head_a, head_b, strict=True), 1):
+        if x == y:
+            shared += 1
+        else:
+            shared += (x in seen_b) + (y in seen_a)
+        seen_a.add(x)
+        seen_b.add(y)
+        weight *= p
+        total += shared / d * weight
+    return min((1.0 - p) / p * total + shared / k * weight, 1.0)
+
+
 def rerank_quality(
     candidates: Sequence[Candidate],
     scored: Sequence[tuple[int, float]],
@@ -211,23 +274,36 @@ def rerank_quality(
     # last) does not start and end on the same score. Else tau is undefined and only the
     # first k need walking.
     ordered = n_scored >= 2 and candidates[recall[0]].score != candidates[recall[-1]].score
-    top, tau = _walk(scored, recall, k, ordered)
+    walked = _walk(scored, recall, k, ordered)
     top_score = scored[0][1]
     return RerankQuality(
-        kendall_tau=tau if ordered else None,
-        topk_overlap=(top & ((1 << k) - 1)).bit_count() / k if k else None,
-        max_promotion=top.bit_length() if k else None,
+        kendall_tau=walked.tau if ordered else None,
+        topk_overlap=(walked.top & ((1 << k) - 1)).bit_count() / k if k else None,
+        max_promotion=walked.top.bit_length() if k else None,
         top_score=top_score,
         score_margin=top_score - scored[1][1] if n_scored >= 2 else None,
+        rbo=walked.rbo,
+        score_spread=walked.spread,
     )
+
+
+class _Walked(NamedTuple):
+    """What `_walk` found: the recall ranks of the first k as the bits of an int, tau-b, the
+    rank-biased overlap of the first k and the spread of their scores (None where undefined)."""
+
+    top: int
+    tau: float | None
+    rbo: float | None
+    spread: float | None
 
 
 def _walk(
     scored: Sequence[tuple[int, float]], recall: Sequence[int], k: int, full: bool
-) -> tuple[int, float | None]:
-    """The recall ranks of the first k of `scored` as the bits of an int, and Kendall's tau-b
-    between recall order and the scores (None where undefined) of all of `scored` when `full`,
-    else of the first k only (a tau the caller drops: recall expressed no order).
+) -> _Walked:
+    """One walk down `scored`: the recall ranks of its first k as the bits of an int, their
+    RBO against recall's first k and their score spread, and Kendall's tau-b between recall
+    order and the scores (None where undefined) of all of `scored` when `full`, else of the
+    first k only (a tau the caller drops: recall expressed no order).
 
     Each candidate's recall rank r (0 best; distinct, recall ties being broken by input
     position) is bit r of `seen`. A pair is concordant when the reranker put first the
@@ -238,51 +314,83 @@ def _walk(
     (each member adds the run's earlier ones). Ranks never tie, so tau-b's denominator is
     sqrt(n0 * (n0 - tied)). Every score equal (a collapsed reranker) leaves tau undefined;
     scores not best first (not from the stage) go the general way, `kendall_tau_b`.
+
+    Within the first k, the RBO's agreement at depth d, X_d, is the bits of `seen` below d
+    (recall's first d): one more `&` and popcount, weighted from `_rbo_weights`.
     """
     n_ranks = len(recall)
     # recall_order is a permutation of the input positions. The identity (the candidates came
     # in recall order, as a retriever returns them) is its own inverse.
-    identity, bit, below = _masks(n_ranks)
+    identity, bit, below = _masks(n_ranks + 1)
     if recall == identity[:n_ranks]:
         rank_of = recall
     else:  # inverted (for 50, a loop beats sorting the ranks by the position each holds)
         rank_of = [0] * n_ranks
         for rank, position in enumerate(recall):
             rank_of[position] = rank
+    weights = _rbo_weights(k)
     seen = before = concordant = tied = 0
+    agreement = 0.0
     run = -1  # the current run's members so far, less one
     prev = scored[0][1]
-    tops = []
     rest = iter(scored)
     depth = len(scored) if full else k
-    for part in (islice(rest, k), rest if full else ()):
-        for position, score in part:
-            rank = rank_of[position]
-            if score < prev:  # a new run of scores
-                before = seen
-                run = 0
-                prev = score
-            elif score == prev:
-                run += 1
-                tied += run
-            else:  # not best first
-                return _top_of(scored, rank_of, k), _tau_b_of_ranks(scored, rank_of, depth)
-            concordant += (before & below[rank]).bit_count()
-            seen |= bit[rank]
-        tops.append(seen)
+    # The first k, then (for tau) the rest: the same steps, the first k also adding to the RBO.
+    for d, (position, score) in enumerate(islice(rest, k), 1):
+        rank = rank_of[position]
+        if score < prev:  # a new run of scores
+            before = seen
+            run = 0
+            prev = score
+        elif score == prev:
+            run += 1
+            tied += run
+        else:  # not best first
+            return _walk_in_any_order(scored, rank_of, k, depth)
+        concordant += (before & below[rank]).bit_count()
+        seen |= bit[rank]
+        agreement += (seen & below[d]).bit_count() * weights[d]
+    top = seen
+    for position, score in rest if full else ():
+        rank = rank_of[position]
+        if score < prev:
+            before = seen
+            run = 0
+            prev = score
+        elif score == prev:
+            run += 1
+            tied += run
+        else:
+            return _walk_in_any_order(scored, rank_of, k, depth)
+        concordant += (before & below[rank]).bit_count()
+        seen |= bit[rank]
+    rbo = spread = None
+    if k:
+        rbo = _rbo_ext(agreement, (top & below[k]).bit_count(), k)
+        spread = scored[0][1] - scored[k - 1][1] if k >= 2 else None
     n0 = depth * (depth - 1) // 2
     if depth < 2 or tied == n0:
-        return tops[0], None
+        return _Walked(top, None, rbo, spread)
     balance = 2 * concordant - (n0 - tied)
-    return tops[0], balance / n0 if not tied else balance / math.sqrt(n0 * (n0 - tied))
+    tau = balance / n0 if not tied else balance / math.sqrt(n0 * (n0 - tied))
+    return _Walked(top, tau, rbo, spread)
 
 
-def _top_of(scored: Sequence[tuple[int, float]], rank_of: Sequence[int], k: int) -> int:
-    """The recall ranks of the first k of `scored` as the bits of an int (`_walk`'s `top`)."""
+def _walk_in_any_order(
+    scored: Sequence[tuple[int, float]], rank_of: Sequence[int], k: int, depth: int
+) -> _Walked:
+    """`_walk` for scores not best first (a direct caller's): the first k's recall ranks, RBO
+    and spread (max - min of their scores) step by step, tau-b the general way."""
     top = 0
-    for position, _ in islice(scored, k):
+    agreement = 0.0
+    weights = _rbo_weights(k)
+    for d, (position, _) in enumerate(islice(scored, k), 1):
         top |= 1 << rank_of[position]
-    return top
+        agreement += (top & ((1 << d) - 1)).bit_count() * weights[d]
+    head = [score for _, score in islice(scored, k)]
+    rbo = _rbo_ext(agreement, (top & ((1 << k) - 1)).bit_count(), k) if k else None
+    spread = max(head) - min(head) if k >= 2 else None
+    return _Walked(top, _tau_b_of_ranks(scored, rank_of, depth), rbo, spread)
 
 
 def _tau_b_of_ranks(
@@ -292,6 +400,35 @@ def _tau_b_of_ranks(
     of `scored` in any order: the general `kendall_tau_b` on the negated ranks."""
     pairs = scored[:depth]
     return kendall_tau_b([-rank_of[p] for p, _ in pairs], [s for _, s in pairs])
+
+
+def _rbo_ext(agreement: float, shared: int, k: int) -> float:
+    """RBO_ext at depth k from the weighted sum of agreements (`_rbo_weights`) and X_k; at
+    most 1 (rounding could put identical rankings a hair above it)."""
+    return min(agreement + shared * _rbo_tail(k), 1.0)
+
+
+_RBO_WEIGHTS: list[float] = [0.0]
+
+
+def _rbo_weights(k: int) -> list[float]:
+    """(1 - p) / p * p**d / d for d = 1..k at index d (p = `RBO_PERSISTENCE`): the weight of the
+    agreement X_d in RBO_ext. Grown as needed and rebound, never extended in place."""
+    global _RBO_WEIGHTS
+    weights = _RBO_WEIGHTS
+    if k < len(weights):
+        return weights
+    p = RBO_PERSISTENCE
+    size = max(64, 1 << k.bit_length())
+    weights = [0.0] + [(1.0 - p) / p * p**d / d for d in range(1, size)]
+    if size <= _MASK_CACHE_LIMIT:
+        _RBO_WEIGHTS = weights
+    return weights
+
+
+def _rbo_tail(k: int) -> float:
+    """p**k / k: the weight of X_k in RBO_ext's extrapolated tail."""
+    return float(RBO_PERSISTENCE**k / k)
 
 
 _MASK_CACHE_LIMIT = 1024  # kept for up to this many candidates (about 250 kB)

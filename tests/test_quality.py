@@ -22,13 +22,16 @@ from retrieval_stage.quality import (
     RerankQuality,
     kendall_tau_b,
     max_promotion,
+    rank_biased_overlap,
     rerank_quality,
     topk_overlap,
 )
 from retrieval_stage.spans.keys import (
     ATTR_KENDALL_TAU,
     ATTR_MAX_PROMOTION,
+    ATTR_RBO,
     ATTR_SCORE_MARGIN,
+    ATTR_SCORE_SPREAD,
     ATTR_TOP_SCORE,
     ATTR_TOPK_OVERLAP,
 )
@@ -139,7 +142,13 @@ def test_a_reranker_returning_recall_order_scores_tau_one_overlap_one() -> None:
     quality = rerank_quality(given_, scored, top_k=2)
 
     assert quality == RerankQuality(
-        kendall_tau=1.0, topk_overlap=1.0, max_promotion=2, top_score=4.0, score_margin=1.0
+        kendall_tau=1.0,
+        topk_overlap=1.0,
+        max_promotion=2,
+        top_score=4.0,
+        score_margin=1.0,
+        rbo=1.0,
+        score_spread=1.0,
     )
 
 
@@ -156,6 +165,10 @@ def test_a_reranking_call_by_hand() -> None:
     assert quality.max_promotion == 4
     assert quality.top_score == 0.95
     assert quality.score_margin == pytest.approx(0.05)
+    # RBO of [3, 0] against [0, 1], p = 0.9: X_1 = 0, X_2 = 1, so
+    # 0.1 / 0.9 * (0 + 1/2 * 0.81) + 1/2 * 0.81 = 0.045 + 0.405.
+    assert quality.rbo == pytest.approx(0.45)
+    assert quality.score_spread == pytest.approx(0.05)  # 0.95 - 0.9, the top 2
 
 
 def test_k_larger_than_n_compares_what_there_is() -> None:
@@ -234,7 +247,13 @@ def test_collapsed_scores_leave_tau_undefined_and_margin_zero() -> None:
 def test_one_candidate_and_none() -> None:
     one = rerank_quality(cands(0.4), [(0, 2.5)], top_k=5)
     assert one == RerankQuality(
-        kendall_tau=None, topk_overlap=1.0, max_promotion=1, top_score=2.5, score_margin=None
+        kendall_tau=None,
+        topk_overlap=1.0,
+        max_promotion=1,
+        top_score=2.5,
+        score_margin=None,
+        rbo=1.0,
+        score_spread=None,
     )
     empty = rerank_quality([], [], top_k=5)
     assert empty == RerankQuality(None, None, None, None, None)
@@ -243,7 +262,13 @@ def test_one_candidate_and_none() -> None:
 
 def test_attributes_name_every_signal() -> None:
     quality = RerankQuality(
-        kendall_tau=0.5, topk_overlap=0.25, max_promotion=7, top_score=3.5, score_margin=0.0
+        kendall_tau=0.5,
+        topk_overlap=0.25,
+        max_promotion=7,
+        top_score=3.5,
+        score_margin=0.0,
+        rbo=0.125,
+        score_spread=1.5,
     )
 
     assert quality.attributes() == {
@@ -252,6 +277,8 @@ def test_attributes_name_every_signal() -> None:
         ATTR_MAX_PROMOTION: 7,
         ATTR_TOP_SCORE: 3.5,
         ATTR_SCORE_MARGIN: 0.0,
+        ATTR_RBO: 0.125,
+        ATTR_SCORE_SPREAD: 1.5,
     }
     assert all(key.startswith("retrieval_stage.quality.") for key in quality.attributes())
 
@@ -274,9 +301,10 @@ def test_two_candidates_kept_swapped_and_tied() -> None:
     swapped = rerank_quality(given_, [(1, 2.0), (0, 1.0)], top_k=1)
     tied = rerank_quality(given_, [(0, 1.5), (1, 1.5)], top_k=1)
 
-    assert kept == RerankQuality(1.0, 1.0, 1, 2.0, 1.0)
-    assert swapped == RerankQuality(-1.0, 0.0, 2, 2.0, 1.0)
-    assert tied == RerankQuality(None, 1.0, 1, 1.5, 0.0)
+    # k = 1: a single top-k score has no spread.
+    assert kept == RerankQuality(1.0, 1.0, 1, 2.0, 1.0, rbo=1.0, score_spread=None)
+    assert swapped == RerankQuality(-1.0, 0.0, 2, 2.0, 1.0, rbo=0.0, score_spread=None)
+    assert tied == RerankQuality(None, 1.0, 1, 1.5, 0.0, rbo=1.0, score_spread=None)
 
 
 def test_ties_in_recall_and_in_rerank_by_hand() -> None:
@@ -412,6 +440,9 @@ def test_one_call_matches_scipy_and_the_plain_definitions(seed: int) -> None:
     assert quality.max_promotion == max(recall_rank[i] + 1 for i in top)
     assert quality.top_score == scored[0][1]
     assert quality.score_margin == (scored[0][1] - scored[1][1] if len(scored) > 1 else None)
+    assert quality.rbo == pytest.approx(rank_biased_overlap(recall[:k], top), abs=1e-12)
+    head = [s for _, s in scored[:k]]
+    assert quality.score_spread == (max(head) - min(head) if k > 1 else None)
     if len(scored) < 2 or len({c.score for c in given_}) == 1:
         assert quality.kendall_tau is None
         return

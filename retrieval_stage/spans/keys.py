@@ -26,6 +26,7 @@ __all__ = [
     "ATTR_OUTPUT_OMITTED",
     "ATTR_PROVIDER",
     "ATTR_QUEUE_WAIT",
+    "ATTR_RBO",
     "ATTR_RECALL",
     "ATTR_RECALL_K",
     "ATTR_REQUESTS",
@@ -34,6 +35,7 @@ __all__ = [
     "ATTR_RETRIES",
     "ATTR_RETRIEVAL_OMITTED",
     "ATTR_SCORE_MARGIN",
+    "ATTR_SCORE_SPREAD",
     "ATTR_SERVER_BATCHES",
     "ATTR_SERVER_RERANKER",
     "ATTR_SERVER_TOKENS",
@@ -94,6 +96,10 @@ ATTR_TOPK_OVERLAP = "retrieval_stage.quality.topk_overlap"
 ATTR_MAX_PROMOTION = "retrieval_stage.quality.max_promotion"
 ATTR_TOP_SCORE = "retrieval_stage.quality.top_score"
 ATTR_SCORE_MARGIN = "retrieval_stage.quality.score_margin"
+ATTR_RBO = "retrieval_stage.quality.rbo"
+"""Rank-biased overlap (RBO_ext, p = 0.9) of recall's top k and the reranker's top k."""
+ATTR_SCORE_SPREAD = "retrieval_stage.quality.score_spread"
+"""The best minus the worst of the reranker's top-k scores."""
 
 # The RETRIEVER span.
 ATTR_RECALL = "retrieval_stage.recall"

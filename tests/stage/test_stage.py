@@ -79,6 +79,9 @@ def test_span_has_exactly_the_openinference_reranker_attributes(wm: WireMock, sp
         "retrieval_stage.quality.max_promotion": 2,
         "retrieval_stage.quality.top_score": 0.97,
         "retrieval_stage.quality.score_margin": 0.97 - 0.02,
+        # [doc-b, doc-a] against recall's [doc-a, doc-b]: X = 0, 2; 0.1/0.9 * 0.81 + 0.81.
+        "retrieval_stage.quality.rbo": pytest.approx(0.9),
+        "retrieval_stage.quality.score_spread": 0.97 - 0.02,
         "reranker.model_name": "bge-reranker-base",  # from the response: set at the end
         "output.value": '{"documents":[{"id":"doc-b","score":0.97},{"id":"doc-a","score":0.02}]}',
         "output.mime_type": "application/json",
