@@ -35,10 +35,13 @@ from .spans.keys import (
     METRIC_DURATION,
     METRIC_FALLBACKS,
     METRIC_KENDALL_TAU,
+    METRIC_KENDALL_TAU_DEPRECATED,
     METRIC_MAX_PROMOTION,
+    METRIC_RBO,
     METRIC_REQUESTS,
     METRIC_RETRIES,
     METRIC_SCORE_MARGIN,
+    METRIC_SCORE_SPREAD,
     METRIC_TIER_CALLS,
     METRIC_TOP1_CHANGES,
     METRIC_TOP_SCORE,
@@ -83,6 +86,14 @@ TOP_SCORE_BUCKETS: Sequence[float] = (
 )  # fmt: skip
 MARGIN_BUCKETS: Sequence[float] = (
     0.0001, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+)  # fmt: skip
+# Rank-biased overlap lies in [0, 1] like the overlap; its last boundary below 1 puts an
+# unchanged top k (RBO 1) alone in the top bucket, as the overlap's does.
+RBO_BUCKETS: Sequence[float] = TOPK_OVERLAP_BUCKETS
+# The spread of the top-k scores is at least the margin and reaches ~20 for raw logits; the
+# first boundary puts a top k scored all alike (collapse across the head) alone in the lowest.
+SPREAD_BUCKETS: Sequence[float] = (
+    0.0001, 0.001, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 20.0,
 )  # fmt: skip
 
 
@@ -139,11 +150,21 @@ class RerankMetrics:
             unit="{change}",
             description="Reranked calls whose first result differs from recall's first.",
         )
+        tau_description = (
+            "(1 + τ)/2, in [0, 1]: Kendall's tau-b between recall's order and the reranker's, "
+            "normalized, per call: 1 when the reranker kept recall's order, 0.5 unrelated, 0 "
+            "reversed (histograms take no negative values)."
+        )
         self._kendall_tau = meter.create_histogram(
             METRIC_KENDALL_TAU,
-            description="(1 + Kendall's tau-b) / 2 between recall's order and the reranker's, "
-            "per call: 1 when the reranker kept recall's order, 0.5 unrelated, 0 reversed "
-            "(histograms take no negative values).",
+            description=tau_description,
+            explicit_bucket_boundaries_advisory=TAU_BUCKETS,
+        )
+        # The same points under the old name, for one release, so that users' dashboards and
+        # alerts on it keep their data while they move (docs/quality.md, "Renamed").
+        self._kendall_tau_deprecated = meter.create_histogram(
+            METRIC_KENDALL_TAU_DEPRECATED,
+            description=f"Deprecated, use {METRIC_KENDALL_TAU}: {tau_description}",
             explicit_bucket_boundaries_advisory=TAU_BUCKETS,
         )
         self._topk_overlap = meter.create_histogram(
@@ -167,6 +188,17 @@ class RerankMetrics:
             METRIC_SCORE_MARGIN,
             description="The reranker's best score minus its second best, per call.",
             explicit_bucket_boundaries_advisory=MARGIN_BUCKETS,
+        )
+        self._rbo = meter.create_histogram(
+            METRIC_RBO,
+            description="Rank-biased overlap (RBO_ext, p = 0.9) of recall's top k and the "
+            "reranker's, per call: 1 the same top k in the same order, 0 disjoint.",
+            explicit_bucket_boundaries_advisory=RBO_BUCKETS,
+        )
+        self._score_spread = meter.create_histogram(
+            METRIC_SCORE_SPREAD,
+            description="The reranker's best top-k score minus its worst, per call.",
+            explicit_bucket_boundaries_advisory=SPREAD_BUCKETS,
         )
 
     @property
@@ -227,8 +259,9 @@ class RerankMetrics:
     ) -> None:
         """Record one reranked call's quality signals; an undefined one (None) is left out.
 
-        Histograms take no negative values, so tau is recorded as (1 + tau) / 2 and a negative
-        top score as 0 (see `TAU_BUCKETS`).
+        Histograms take no negative values, so tau is recorded as (1 + tau) / 2 (under
+        `METRIC_KENDALL_TAU`, ``kendall_tau_normalized``, and for one release also under the
+        deprecated old name) and a negative top score as 0 (see `TAU_BUCKETS`).
 
         ``model`` is the configured model (the stage's `model_name`, else the reranker's), so
         the series stay few whatever a server reports; it and the provider label each point.
@@ -239,12 +272,16 @@ class RerankMetrics:
         if provider is not None:
             attributes[ATTR_PROVIDER] = provider
         tau, top = quality.kendall_tau, quality.top_score
+        normalized = None if tau is None else (1.0 + tau) / 2.0
         for histogram, value in (
-            (self._kendall_tau, None if tau is None else (1.0 + tau) / 2.0),
+            (self._kendall_tau, normalized),
+            (self._kendall_tau_deprecated, normalized),
             (self._topk_overlap, quality.topk_overlap),
             (self._max_promotion, quality.max_promotion),
             (self._top_score, None if top is None else max(top, 0.0)),
             (self._score_margin, quality.score_margin),
+            (self._rbo, quality.rbo),
+            (self._score_spread, quality.score_spread),
         ):
             if value is not None:
                 histogram.record(value, attributes)

@@ -53,10 +53,13 @@ __all__ = [
     "METRIC_DURATION",
     "METRIC_FALLBACKS",
     "METRIC_KENDALL_TAU",
+    "METRIC_KENDALL_TAU_DEPRECATED",
     "METRIC_MAX_PROMOTION",
+    "METRIC_RBO",
     "METRIC_REQUESTS",
     "METRIC_RETRIES",
     "METRIC_SCORE_MARGIN",
+    "METRIC_SCORE_SPREAD",
     "METRIC_SERVER_BATCH_SIZE",
     "METRIC_SERVER_BATCH_TOKENS",
     "METRIC_SERVER_QUEUE_DEPTH",
@@ -135,11 +138,16 @@ METRIC_REQUESTS = "retrieval_stage.rerank.requests"
 METRIC_RETRIES = "retrieval_stage.rerank.retries"
 METRIC_FALLBACKS = "retrieval_stage.rerank.fallbacks"
 METRIC_TOP1_CHANGES = "retrieval_stage.rerank.top1_changes"
-METRIC_KENDALL_TAU = "retrieval_stage.rerank.kendall_tau"
+METRIC_KENDALL_TAU = "retrieval_stage.rerank.kendall_tau_normalized"
+"""(1 + tau) / 2, in [0, 1]: OpenTelemetry histograms take no negative values."""
+METRIC_KENDALL_TAU_DEPRECATED = "retrieval_stage.rerank.kendall_tau"
+"""The same points under the name used before issue 39; deprecated, removed in the next release."""
 METRIC_TOPK_OVERLAP = "retrieval_stage.rerank.topk_overlap"
 METRIC_MAX_PROMOTION = "retrieval_stage.rerank.max_promotion"
 METRIC_TOP_SCORE = "retrieval_stage.rerank.top_score"
 METRIC_SCORE_MARGIN = "retrieval_stage.rerank.score_margin"
+METRIC_RBO = "retrieval_stage.rerank.rbo"
+METRIC_SCORE_SPREAD = "retrieval_stage.rerank.score_spread"
 METRIC_TIER_CALLS = "retrieval_stage.rerank.tier.calls"
 METRIC_BREAKER_OPENINGS = "retrieval_stage.rerank.breaker.openings"
 

@@ -935,22 +935,56 @@ def test_the_dashboard_has_the_quality_row(emitted: dict[str, Any]) -> None:
     dashboard = json.loads((ROOT / "grafana" / "dashboards" / "rerank-stage.json").read_text())
     rows = [p for p in dashboard["panels"] if p["type"] == "row"]
     (row,) = [r for r in rows if r["title"] == "Is the reranker earning its cost?"]
+    next_row = min(r["gridPos"]["y"] for r in rows if r["gridPos"]["y"] > row["gridPos"]["y"])
     below = [
         p
         for p in panels(dashboard)
-        if p["type"] != "row" and p["gridPos"]["y"] > row["gridPos"]["y"]
+        if p["type"] != "row" and row["gridPos"]["y"] < p["gridPos"]["y"] < next_row
     ]
     queries = " ".join(t["expr"] for p in below for t in p["targets"])
-    for metric in ("kendall_tau", "topk_overlap", "max_promotion", "top_score", "score_margin"):
+    for metric in (
+        "kendall_tau_normalized",
+        "topk_overlap",
+        "max_promotion",
+        "top_score",
+        "score_margin",
+        "rbo",
+        "score_spread",
+    ):
         assert f"retrieval_stage_rerank_{metric}_" in queries
+    # The renamed tau histogram only: the old name is emitted for one release, not queried.
+    assert "retrieval_stage_rerank_kendall_tau_bucket" not in queries
+    assert "retrieval_stage_rerank_kendall_tau_sum" not in queries
     # Next to what the reranker costs, and drift against a day earlier.
     assert "retrieval_stage_rerank_duration_seconds_bucket" in queries
     assert "retrieval_stage_rerank_fallbacks_total" in queries
     assert "offset 1d" in queries
     assert emitted["metric_names"] >= {
-        "retrieval_stage_rerank_kendall_tau_bucket",
+        "retrieval_stage_rerank_kendall_tau_normalized_bucket",
+        "retrieval_stage_rerank_kendall_tau_bucket",  # deprecated, for one release
         "retrieval_stage_rerank_score_margin_bucket",
+        "retrieval_stage_rerank_rbo_bucket",
+        "retrieval_stage_rerank_score_spread_bucket",
     }
+
+
+def test_the_new_quality_panels_sit_in_the_quality_row_without_overlap() -> None:
+    dashboard = json.loads((ROOT / "grafana" / "dashboards" / "rerank-stage.json").read_text())
+    tiles = list(panels(dashboard))
+    cells: set[tuple[int, int]] = set()
+    for p in tiles:  # no two panels share a grid cell
+        g = p["gridPos"]
+        mine = {
+            (x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])
+        }
+        assert not cells & mine, p["title"]
+        cells |= mine
+    (rbo,) = [p for p in tiles if "retrieval_stage_rerank_rbo_" in json.dumps(p)]
+    (spread,) = [p for p in tiles if "retrieval_stage_rerank_score_spread_" in json.dumps(p)]
+    assert rbo["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    assert "p = 0.9" in rbo["description"]
+    assert len(spread["targets"]) == 4  # p10, p50, p90 and the median a day earlier
+    assert "offset 1d" in spread["targets"][-1]["expr"]
 
 
 def test_every_name_the_quality_rules_query_is_emitted_or_recorded(
@@ -983,7 +1017,7 @@ def test_the_buckets_the_quality_rules_count_are_the_ones_the_stage_exports() ->
     text = QUALITY_RULES.read_text(encoding="utf-8")
     for le in re.findall(r'le="([^"]+)"', text):
         assert float(le) in set(TAU_BUCKETS) | set(MARGIN_BUCKETS), le
-    assert 'retrieval_stage_rerank_kendall_tau_bucket{le="0.99995"}' in text
+    assert 'retrieval_stage_rerank_kendall_tau_normalized_bucket{le="0.99995"}' in text
     assert TAU_BUCKETS[-1] == 0.99995  # (1 + tau) / 2 just below tau = 1
     assert 'retrieval_stage_rerank_score_margin_bucket{le="0.0001"}' in text
     assert MARGIN_BUCKETS[0] == 0.0001

@@ -28,13 +28,20 @@ QUALITY_KEYS = {
     "retrieval_stage.quality.max_promotion",
     "retrieval_stage.quality.top_score",
     "retrieval_stage.quality.score_margin",
+    "retrieval_stage.quality.rbo",
+    "retrieval_stage.quality.score_spread",
 }
+TAU = "retrieval_stage.rerank.kendall_tau_normalized"
+TAU_DEPRECATED = "retrieval_stage.rerank.kendall_tau"  # the same points, for one release
 HISTOGRAMS = {
-    "retrieval_stage.rerank.kendall_tau",
+    TAU,
+    TAU_DEPRECATED,
     "retrieval_stage.rerank.topk_overlap",
     "retrieval_stage.rerank.max_promotion",
     "retrieval_stage.rerank.top_score",
     "retrieval_stage.rerank.score_margin",
+    "retrieval_stage.rerank.rbo",
+    "retrieval_stage.rerank.score_spread",
 }
 
 
@@ -108,6 +115,8 @@ def test_a_reranker_returning_recall_order_shows_tau_one_and_overlap_one() -> No
         "retrieval_stage.quality.max_promotion": 3,
         "retrieval_stage.quality.top_score": 10.0,
         "retrieval_stage.quality.score_margin": 1.0,
+        "retrieval_stage.quality.rbo": 1.0,
+        "retrieval_stage.quality.score_spread": 2.0,  # 10 - 8, the top 3
     }
     found = points(reader)
     assert set(found) == HISTOGRAMS
@@ -120,11 +129,31 @@ def test_a_reranker_returning_recall_order_shows_tau_one_and_overlap_one() -> No
         }
     # The histogram holds (1 + tau) / 2 (no negative values): tau = 1 is recorded as 1, alone
     # above the 0.99995 boundary the alert rules count.
-    tau = found["retrieval_stage.rerank.kendall_tau"][0]
+    tau = found[TAU][0]
     assert tau.sum == 1.0
     assert tau.explicit_bounds[-1] == 0.99995
     assert tau.bucket_counts[-1] == 1
     assert found["retrieval_stage.rerank.topk_overlap"][0].sum == 1.0
+    assert found["retrieval_stage.rerank.rbo"][0].sum == 1.0
+    assert found["retrieval_stage.rerank.rbo"][0].bucket_counts[-1] == 1  # alone above 0.9999
+    assert found["retrieval_stage.rerank.score_spread"][0].sum == 2.0
+
+
+def test_the_tau_histogram_says_what_it_holds_and_the_old_name_says_deprecated() -> None:
+    _tracer_provider, _, meter_provider, reader = telemetry()
+    stage = RerankStage(InRecallOrder(), top_k=3, meter_provider=meter_provider)
+    stage.run("q", pool())
+
+    data = reader.get_metrics_data()
+    assert data is not None
+    described = {
+        metric.name: metric.description
+        for resource_metrics in data.resource_metrics
+        for scope_metrics in resource_metrics.scope_metrics
+        for metric in scope_metrics.metrics
+    }
+    assert described[TAU].startswith("(1 + τ)/2, in [0, 1]")
+    assert described[TAU_DEPRECATED].startswith(f"Deprecated, use {TAU}")
 
 
 def test_negative_tau_and_top_score_reach_the_histograms_in_non_negative_form() -> None:
@@ -141,8 +170,12 @@ def test_negative_tau_and_top_score_reach_the_histograms_in_non_negative_form() 
     assert attributes["retrieval_stage.quality.kendall_tau"] == -1.0  # exact on the span
     assert attributes["retrieval_stage.quality.top_score"] == -1.0  # d3
     found = points(reader)
-    assert found["retrieval_stage.rerank.kendall_tau"][0].sum == 0.0  # (1 - 1) / 2
-    assert found["retrieval_stage.rerank.kendall_tau"][0].count == 1
+    assert found[TAU][0].sum == 0.0  # (1 - 1) / 2
+    assert found[TAU][0].count == 1
+    # The deprecated name holds the same point, so a dashboard on it reads the same.
+    deprecated = found[TAU_DEPRECATED][0]
+    assert (deprecated.sum, deprecated.count) == (0.0, 1)
+    assert deprecated.bucket_counts == found[TAU][0].bucket_counts
     assert found["retrieval_stage.rerank.top_score"][0].sum == 0.0  # counted, in the lowest
     assert found["retrieval_stage.rerank.top_score"][0].bucket_counts[0] == 1
 
@@ -160,6 +193,8 @@ def test_signals_compare_everything_scored_not_only_what_the_threshold_kept() ->
     assert attributes["retrieval_stage.quality.topk_overlap"] == 0.0  # {d5, d4} vs {d0, d1}
     assert attributes["retrieval_stage.quality.max_promotion"] == 6
     assert attributes["retrieval_stage.quality.score_margin"] == pytest.approx(0.01)
+    assert attributes["retrieval_stage.quality.rbo"] == 0.0  # [d5, d4] vs [d0, d1]: disjoint
+    assert attributes["retrieval_stage.quality.score_spread"] == pytest.approx(0.01)
 
 
 def test_no_recall_scores_no_tau_on_the_span_or_the_histogram() -> None:
@@ -176,7 +211,7 @@ def test_no_recall_scores_no_tau_on_the_span_or_the_histogram() -> None:
     attributes = exporter.get_finished_spans()[0].attributes or {}
     assert "retrieval_stage.quality.kendall_tau" not in attributes
     assert attributes["retrieval_stage.quality.max_promotion"] == 4  # d3, last in input order
-    assert set(points(reader)) == HISTOGRAMS - {"retrieval_stage.rerank.kendall_tau"}
+    assert set(points(reader)) == HISTOGRAMS - {TAU, TAU_DEPRECATED}
 
 
 def test_a_fallback_has_no_quality_signals() -> None:

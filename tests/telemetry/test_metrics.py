@@ -231,11 +231,14 @@ def test_record_with_a_no_op_provider_records_through_no_op_instruments_only() -
             "retrieval_stage.rerank.retries",
             "retrieval_stage.rerank.fallbacks",
             "retrieval_stage.rerank.top1_changes",
-            "retrieval_stage.rerank.kendall_tau",
+            "retrieval_stage.rerank.kendall_tau_normalized",
+            "retrieval_stage.rerank.kendall_tau",  # deprecated: the same points, one release
             "retrieval_stage.rerank.topk_overlap",
             "retrieval_stage.rerank.max_promotion",
             "retrieval_stage.rerank.top_score",
             "retrieval_stage.rerank.score_margin",
+            "retrieval_stage.rerank.rbo",
+            "retrieval_stage.rerank.score_spread",
         ]
     )
     assert not rerank_metrics.enabled  # a no-op provider: the stage skips the quality signals
