@@ -178,6 +178,13 @@ def test_negative_tau_and_top_score_reach_the_histograms_in_non_negative_form() 
     assert deprecated.bucket_counts == found[TAU][0].bucket_counts
     assert found["retrieval_stage.rerank.top_score"][0].sum == 0.0  # counted, in the lowest
     assert found["retrieval_stage.rerank.top_score"][0].bucket_counts[0] == 1
+    # Reversed, k = 4: overlap 1 but RBO of [3, 2, 1, 0] vs [0, 1, 2, 3], X = 0, 0, 2, 4:
+    # 0.1/0.9 * (2/3 * 0.729 + 0.6561) + 0.6561 = 0.783; the logits -1..-4 spread by 3.
+    assert attributes["retrieval_stage.quality.rbo"] == pytest.approx(0.783)
+    assert attributes["retrieval_stage.quality.score_spread"] == 3.0
+    assert found["retrieval_stage.rerank.topk_overlap"][0].sum == 1.0
+    assert found["retrieval_stage.rerank.rbo"][0].sum == pytest.approx(0.783)
+    assert found["retrieval_stage.rerank.score_spread"][0].sum == 3.0
 
 
 def test_signals_compare_everything_scored_not_only_what_the_threshold_kept() -> None:
