@@ -46,7 +46,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import ge, gt, lt
-from typing import Any, NamedTuple
+from typing import Any
 
 from .models import Candidate, recall_order
 from .spans.keys import (
@@ -274,27 +274,23 @@ def rerank_quality(
     # last) does not start and end on the same score. Else tau is undefined and only the
     # first k need walking.
     ordered = n_scored >= 2 and candidates[recall[0]].score != candidates[recall[-1]].score
-    walked = _walk(scored, recall, k, ordered)
+    top, tau, rbo, spread = _walk(scored, recall, k, ordered)
     top_score = scored[0][1]
     return RerankQuality(
-        kendall_tau=walked.tau if ordered else None,
-        topk_overlap=(walked.top & ((1 << k) - 1)).bit_count() / k if k else None,
-        max_promotion=walked.top.bit_length() if k else None,
+        kendall_tau=tau if ordered else None,
+        topk_overlap=(top & ((1 << k) - 1)).bit_count() / k if k else None,
+        max_promotion=top.bit_length() if k else None,
         top_score=top_score,
         score_margin=top_score - scored[1][1] if n_scored >= 2 else None,
-        rbo=walked.rbo,
-        score_spread=walked.spread,
+        rbo=rbo,
+        score_spread=spread,
     )
 
 
-class _Walked(NamedTuple):
-    """What `_walk` found: the recall ranks of the first k as the bits of an int, tau-b, the
-    rank-biased overlap of the first k and the spread of their scores (None where undefined)."""
-
-    top: int
-    tau: float | None
-    rbo: float | None
-    spread: float | None
+# What `_walk` finds: the recall ranks of the first k as the bits of an int, tau-b, the
+# rank-biased overlap of the first k and the spread of their scores (None where undefined). A
+# plain tuple: a NamedTuple's construction costs a tenth of the budget's margin per call.
+_Walked = tuple[int, float | None, float | None, float | None]
 
 
 def _walk(
@@ -328,7 +324,7 @@ def _walk(
         rank_of = [0] * n_ranks
         for rank, position in enumerate(recall):
             rank_of[position] = rank
-    weights = _rbo_weights(k)
+    weights, tails = _rbo_weights(k)
     seen = before = concordant = tied = 0
     agreement = 0.0
     run = -1  # the current run's members so far, less one
@@ -366,14 +362,14 @@ def _walk(
         seen |= bit[rank]
     rbo = spread = None
     if k:
-        rbo = _rbo_ext(agreement, (top & below[k]).bit_count(), k)
+        rbo = min(agreement + (top & below[k]).bit_count() * tails[k], 1.0)
         spread = scored[0][1] - scored[k - 1][1] if k >= 2 else None
     n0 = depth * (depth - 1) // 2
     if depth < 2 or tied == n0:
-        return _Walked(top, None, rbo, spread)
+        return top, None, rbo, spread
     balance = 2 * concordant - (n0 - tied)
     tau = balance / n0 if not tied else balance / math.sqrt(n0 * (n0 - tied))
-    return _Walked(top, tau, rbo, spread)
+    return top, tau, rbo, spread
 
 
 def _walk_in_any_order(
@@ -383,14 +379,14 @@ def _walk_in_any_order(
     and spread (max - min of their scores) step by step, tau-b the general way."""
     top = 0
     agreement = 0.0
-    weights = _rbo_weights(k)
+    weights, tails = _rbo_weights(k)
     for d, (position, _) in enumerate(islice(scored, k), 1):
         top |= 1 << rank_of[position]
         agreement += (top & ((1 << d) - 1)).bit_count() * weights[d]
     head = [score for _, score in islice(scored, k)]
-    rbo = _rbo_ext(agreement, (top & ((1 << k) - 1)).bit_count(), k) if k else None
+    rbo = min(agreement + (top & ((1 << k) - 1)).bit_count() * tails[k], 1.0) if k else None
     spread = max(head) - min(head) if k >= 2 else None
-    return _Walked(top, _tau_b_of_ranks(scored, rank_of, depth), rbo, spread)
+    return top, _tau_b_of_ranks(scored, rank_of, depth), rbo, spread
 
 
 def _tau_b_of_ranks(
@@ -402,33 +398,26 @@ def _tau_b_of_ranks(
     return kendall_tau_b([-rank_of[p] for p, _ in pairs], [s for _, s in pairs])
 
 
-def _rbo_ext(agreement: float, shared: int, k: int) -> float:
-    """RBO_ext at depth k from the weighted sum of agreements (`_rbo_weights`) and X_k; at
-    most 1 (rounding could put identical rankings a hair above it)."""
-    return min(agreement + shared * _rbo_tail(k), 1.0)
+# RBO_ext's weights for p = `RBO_PERSISTENCE` at index d: (1 - p) / p * p**d / d, the weight
+# of the agreement X_d, and p**d / d, the weight of X_d in the extrapolated tail when d = k.
+# The sum can round a hair above 1 for identical rankings: the walk caps it at 1.
+_RBO_TABLES: tuple[list[float], list[float]] = ([0.0], [0.0])
 
 
-_RBO_WEIGHTS: list[float] = [0.0]
-
-
-def _rbo_weights(k: int) -> list[float]:
-    """(1 - p) / p * p**d / d for d = 1..k at index d (p = `RBO_PERSISTENCE`): the weight of the
-    agreement X_d in RBO_ext. Grown as needed and rebound, never extended in place."""
-    global _RBO_WEIGHTS
-    weights = _RBO_WEIGHTS
-    if k < len(weights):
-        return weights
+def _rbo_weights(k: int) -> tuple[list[float], list[float]]:
+    """`_RBO_TABLES` for depths up to k at least: grown as needed and rebound as a whole, never
+    extended in place (as `_masks`), kept for up to `_MASK_CACHE_LIMIT` ranks."""
+    global _RBO_TABLES
+    tables = _RBO_TABLES
+    if k < len(tables[0]):
+        return tables
     p = RBO_PERSISTENCE
     size = max(64, 1 << k.bit_length())
-    weights = [0.0] + [(1.0 - p) / p * p**d / d for d in range(1, size)]
+    tails = [0.0] + [p**d / d for d in range(1, size)]
+    tables = ([(1.0 - p) / p * tail for tail in tails], tails)
     if size <= _MASK_CACHE_LIMIT:
-        _RBO_WEIGHTS = weights
-    return weights
-
-
-def _rbo_tail(k: int) -> float:
-    """p**k / k: the weight of X_k in RBO_ext's extrapolated tail."""
-    return float(RBO_PERSISTENCE**k / k)
+        _RBO_TABLES = tables
+    return tables
 
 
 _MASK_CACHE_LIMIT = 1024  # kept for up to this many candidates (about 250 kB)
