@@ -1,10 +1,12 @@
 """What every in-process model reranker shares: loading once, closing, an async twin.
 
 `InProcessModel` loads its model on first use (or by `load()`) under a lock and drops it on
-`close()`; `InThread` is the awaitable twin that runs the same model in a worker thread, so the
-event loop stays free. A model's packages (``[local]``: tokenizers, safetensors, numpy;
-``[torch]``: sentence-transformers) are imported only when it is first loaded, so importing this
-package costs nothing.
+`close()`; the call that loads it says so on the current span (an event, `EVENT_MODEL_LOAD`,
+with the load's duration, the model and its backend), so a first rerank that took seconds is
+not read as a slow reranker. `InThread` is the awaitable twin that runs the same model in a
+worker thread, so the event loop stays free (the thread sees the caller's span). A model's
+packages (``[local]``: tokenizers, safetensors, numpy; ``[torch]``: sentence-transformers) are
+imported only when it is first loaded, so importing this package costs nothing.
 """
 
 from __future__ import annotations
@@ -13,12 +15,21 @@ import asyncio
 import importlib
 import importlib.util
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
+
+from opentelemetry import trace
 
 from .._args import rank, snapshot
 from .._install import TORCH_CPU_INDEX, install_hint, model_install_hint
 from ..errors import RerankProtocolError
+from ..spans.keys import (
+    ATTR_MODEL,
+    ATTR_MODEL_BACKEND,
+    ATTR_MODEL_LOAD_DURATION,
+    EVENT_MODEL_LOAD,
+)
 
 __all__ = [
     "DEFAULT_LOCAL_MODEL",
@@ -77,6 +88,8 @@ class InProcessModel:
     load in `_load` and how to score in `_scores`; `rerank` is written once, here."""
 
     provider = "local"
+    backend = "sentence-transformers"
+    """What runs the model (the embedding reranker's may be ``numpy``), for the load event."""
 
     def __init__(self) -> None:
         self._encoder: Any = None
@@ -121,11 +134,31 @@ class InProcessModel:
     def _loaded(self) -> Any:
         """The loaded model, loading it first if needed. Callers keep the returned object:
         a `close()` from another thread between two reads of the attribute cannot leave them
-        holding None."""
+        holding None. The call that loads records `EVENT_MODEL_LOAD` on the current span."""
         with self._lock:
             if self._encoder is None:
+                started_ns = time.time_ns()
+                started = time.perf_counter()
                 self._encoder = self._load()
+                self._said_loaded(started_ns, time.perf_counter() - started)
             return self._encoder
+
+    def _said_loaded(self, started_ns: int, seconds: float) -> None:
+        """The load event on the current span (the RERANKER span of the call that loaded, or
+        whatever span the caller made current around `load()`); nothing without a recording
+        span. Stamped with the load's start, so a trace view places it where the load began."""
+        span = trace.get_current_span()
+        if not span.is_recording():
+            return
+        span.add_event(
+            EVENT_MODEL_LOAD,
+            {
+                ATTR_MODEL_LOAD_DURATION: seconds,
+                ATTR_MODEL: self.model_name,
+                ATTR_MODEL_BACKEND: self.backend,
+            },
+            timestamp=started_ns,
+        )
 
     def close(self) -> None:
         """Drop the loaded model, so its memory can be freed; the next call loads it again."""

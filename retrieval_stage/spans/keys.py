@@ -22,6 +22,8 @@ __all__ = [
     "ATTR_KENDALL_TAU",
     "ATTR_MAX_PROMOTION",
     "ATTR_MODEL",
+    "ATTR_MODEL_BACKEND",
+    "ATTR_MODEL_LOAD_DURATION",
     "ATTR_OUTCOME",
     "ATTR_OUTPUT_OMITTED",
     "ATTR_PROVIDER",
@@ -46,6 +48,7 @@ __all__ = [
     "ATTR_TOP_SCORE",
     "ATTR_USAGE_SEARCH_UNITS",
     "ATTR_USAGE_TOTAL_TOKENS",
+    "EVENT_MODEL_LOAD",
     "METER_NAME",
     "METRIC_BATCHES",
     "METRIC_BREAKER_OPENINGS",
@@ -103,6 +106,14 @@ ATTR_RBO = "retrieval_stage.quality.rbo"
 """Rank-biased overlap (RBO_ext, p = 0.9) of recall's top k and the reranker's top k."""
 ATTR_SCORE_SPREAD = "retrieval_stage.quality.score_spread"
 """The best minus the worst of the reranker's top-k scores."""
+
+# The event an in-process model's first call records on the current span (`retrieval_stage.local`):
+# that call's time includes loading the model, which the event's duration says.
+EVENT_MODEL_LOAD = "retrieval_stage.model.load"
+ATTR_MODEL_LOAD_DURATION = "retrieval_stage.model.load.duration_s"
+"""Seconds the model took to load (wall time), on the `EVENT_MODEL_LOAD` event."""
+ATTR_MODEL_BACKEND = "retrieval_stage.model.backend"
+"""What runs the model: ``numpy`` or ``sentence-transformers``, on the `EVENT_MODEL_LOAD` event."""
 
 # The RETRIEVER span.
 ATTR_RECALL = "retrieval_stage.recall"
