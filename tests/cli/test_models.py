@@ -146,7 +146,8 @@ def test_dense_demo_embeds_each_document_once_for_recall_and_rerank_and_caches_t
     assert first.exit_code == 0, first.stderr
     out = flat(first.stdout)
     assert f"recall: dense ({MINILM}, cosine) over 6" in out
-    assert "cosine" in first.stdout.splitlines()[3 + out.count("auto:")]  # the column header
+    (header,) = [line for line in first.stdout.splitlines() if line.startswith("rank ")]
+    assert "cosine" in header
     assert first.stdout.index("shutil.copytree") < first.stdout.index("json.dumps")
     # One shared model: the 6 documents were embedded once, the rerank reused them.
     assert counter.documents_embedded == len(DOCS)
@@ -157,6 +158,53 @@ def test_dense_demo_embeds_each_document_once_for_recall_and_rerank_and_caches_t
     again = invoke(*args, "--reranker", "embedding", **cache_env(tmp_path))
     assert again.exit_code == 0, again.stderr
     assert counter.documents_embedded == 1  # read from disk: only the spot check
+
+
+def test_demo_loads_the_model_in_a_span_of_its_own_so_the_rerank_span_times_the_rerank(
+    model: Any, corpus: Path, tmp_path: Path
+) -> None:
+    trace_file = tmp_path / "trace.jsonl"
+    result = invoke(
+        "demo", "copy a folder", "--corpus", str(corpus), "--reranker", "embedding",
+        "--trace-file", str(trace_file), **cache_env(tmp_path),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    spans = otlp_spans(trace_file)
+    (load,) = [s for s in spans if s["name"] == "model.load"]
+    (rerank,) = [s for s in spans if s["name"] == "rerank"]
+    (pipeline,) = [s for s in spans if s["name"] == "pipeline"]
+    # Before the pipeline, in a trace of its own; the load event on it, none on the rerank.
+    assert int(load["endTimeUnixNano"]) <= int(pipeline["startTimeUnixNano"])
+    assert load["traceId"] != pipeline["traceId"]
+    assert "parentSpanId" not in load or not load["parentSpanId"]
+    attributes = {a["key"]: a["value"] for a in load["attributes"]}
+    assert attributes["openinference.span.kind"] == {"stringValue": "CHAIN"}
+    assert attributes["retrieval_stage.model"] == {"stringValue": MINILM}
+    (event,) = load["events"]
+    assert event["name"] == "retrieval_stage.model.load"
+    said = {a["key"]: a["value"] for a in event["attributes"]}
+    assert said["retrieval_stage.model"] == {"stringValue": MINILM}
+    assert said["retrieval_stage.model.backend"] == {"stringValue": "sentence-transformers"}
+    seconds = said["retrieval_stage.model.load.duration_s"]["doubleValue"]
+    assert 0 < seconds * 1e9 <= int(load["endTimeUnixNano"]) - int(load["startTimeUnixNano"])
+    assert not rerank.get("events")
+    # The demo says it, with the same time it measured around the span.
+    out = flat(result.stdout)
+    assert "model loaded in " in out
+    assert "s before the rerank (span model.load), not timed as the rerank" in out
+    assert "spans: 4 from this process in 2 traces" in flat(result.stderr)
+
+
+def test_rerank_loads_its_model_untraced_as_before(model: Any, tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.jsonl"
+    result = invoke(
+        "rerank", "-q", "rust compiler", "--reranker", "embedding",
+        "--trace-file", str(trace_file), stdin=CANDIDATES,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    names = [s["name"] for s in otlp_spans(trace_file)]
+    assert "model.load" not in names
+    assert "model loaded in" not in flat(result.stdout + result.stderr)
 
 
 def test_dense_recall_under_another_reranker_loads_the_embedding_model_for_recall(

