@@ -10,6 +10,7 @@ Arize Phoenix. `cli.commands` registers `eval_` on the application as ``eval``.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 import sys
@@ -36,7 +37,16 @@ from .render import metrics_table, movement_table, rerank_failed, say_reranker
 from .reranker import Chosen
 from .session import Tracing, session
 
-__all__ = ["EvalCommand", "eval_"]
+__all__ = ["EvalCommand", "PhoenixNames", "eval_"]
+
+
+class PhoenixNames(str, enum.Enum):
+    """``--phoenix-annotation``: how the judgements are named in Phoenix (`cli.phoenix`)."""
+
+    by_kind = "by-kind"
+    """``recall.relevance`` on RETRIEVER spans, ``rerank.relevance`` on RERANKER spans."""
+    relevance = "relevance"
+    """Both ``relevance``, as before: Phoenix's project summary then averages the two."""
 
 
 class EvalCommand(Command):
@@ -127,6 +137,14 @@ def eval_(
             show_default=False,
         ),
     ] = None,
+    phoenix_annotation: Annotated[
+        PhoenixNames,
+        typer.Option(
+            "--phoenix-annotation",
+            metavar="NAMES",
+            help="by-kind: recall.relevance, rerank.relevance; relevance: both, as before.",
+        ),
+    ] = PhoenixNames.by_kind,
 ) -> None:
     """Is reranking better than recall? MRR@10, nDCG@10, Recall@k, top-1 accuracy.
 
@@ -151,6 +169,7 @@ def eval_(
             timeout=options.timeout,
             phoenix=phoenix_at,
             project=options.project or DEFAULT_SERVICE_NAME,
+            phoenix_names=phoenix_annotation,
         )
         if as_json:
             body = report.to_dict()
@@ -294,6 +313,7 @@ def _run_eval(
     timeout: float,
     phoenix: str | None = None,
     project: str = DEFAULT_SERVICE_NAME,
+    phoenix_names: PhoenixNames = PhoenixNames.by_kind,
 ) -> tuple[Any, dict[str, Any] | None]:
     """Rerank every judged query under one CHAIN span, with a progress bar on stderr; with
     `phoenix`, each query as a traced pipeline whose spans then get their judgements there."""
@@ -302,7 +322,8 @@ def _run_eval(
     from ..evaluation import evaluate
 
     stage = tracing.stage(chosen, None)
-    rerank, annotated = _phoenix_reranking(tracing, stage, inputs) if phoenix else (None, [])
+    names = _annotation_names(phoenix_names)
+    rerank, annotated = _phoenix_reranking(tracing, stage, inputs, names) if phoenix else (None, [])
     tracer = tracing.provider.get_tracer("retrieval_stage.cli")
     progress = Progress(
         TextColumn("reranking"),
@@ -339,13 +360,22 @@ def _run_eval(
     finally:
         if phoenix:
             tracing.provider.force_flush()  # Phoenix must have the spans to annotate them
-    logged = _log_to_phoenix(phoenix, project, annotated) if phoenix else None
+    logged = _log_to_phoenix(phoenix, project, annotated, names) if phoenix else None
     return report, logged
 
 
-def _phoenix_reranking(tracing: Tracing, stage: Any, inputs: _EvalInputs) -> tuple[Any, list[Any]]:
+def _annotation_names(choice: PhoenixNames) -> Mapping[str, str]:
+    """The annotation name of each span kind's judgements (`cli.phoenix`)."""
+    from .phoenix import BY_KIND, SHARED
+
+    return BY_KIND if choice is PhoenixNames.by_kind else SHARED
+
+
+def _phoenix_reranking(
+    tracing: Tracing, stage: Any, inputs: _EvalInputs, names: Mapping[str, str]
+) -> tuple[Any, list[Any]]:
     """A `rerank` for `evaluate` running each query as a `Pipeline` (RETRIEVER + RERANKER
-    spans), and the list it fills with each span's judgements."""
+    spans), and the list it fills with each span's judgements, named by `names`."""
     from ..pipeline import Pipeline
     from .phoenix import DocumentSpans, FixedRecall, judgements
 
@@ -369,6 +399,7 @@ def _phoenix_reranking(tracing: Tracing, stage: Any, inputs: _EvalInputs) -> tup
                 recalled=[c.id for c in pool],
                 reranked=[r.candidate.id for r in results],
                 judged=inputs.judgements.get(qid, {}),
+                names=names,
             )
         )
         return results
@@ -376,9 +407,11 @@ def _phoenix_reranking(tracing: Tracing, stage: Any, inputs: _EvalInputs) -> tup
     return rerank, annotated
 
 
-def _log_to_phoenix(url: str, project: str, annotated: list[Any]) -> dict[str, Any]:
-    """Log the judgements and say so; what was logged, for ``--json``. Exit 1 if Phoenix
-    refuses them."""
+def _log_to_phoenix(
+    url: str, project: str, annotated: list[Any], names: Mapping[str, str]
+) -> dict[str, Any]:
+    """Log the judgements and say so, with the names to look for; what was logged, for
+    ``--json``. Exit 1 if Phoenix refuses them."""
     from .phoenix import PhoenixUnavailableError, log_judgements
 
     try:
@@ -386,12 +419,23 @@ def _log_to_phoenix(url: str, project: str, annotated: list[Any]) -> dict[str, A
     except PhoenixUnavailableError as exc:
         fail(EXIT_FAILURE, str(exc))
     spans = len({a["span_id"] for a in annotated})
+    shown = sorted(set(names.values()))
+    if len(shown) == 1:
+        which = f"annotation {shown[0]!r} on RETRIEVER and RERANKER spans alike"
+    else:
+        which = ", ".join(f"{name!r} on {kind} spans" for kind, name in sorted(names.items()))
     note(
         err(),
         f"phoenix: {stored} document judgements on {spans} spans logged to {url} "
-        f"(project {project!r}, annotation 'relevance')",
+        f"(project {project!r}; {which})",
     )
-    return {"url": url, "project": project, "annotations": stored, "spans": spans}
+    return {
+        "url": url,
+        "project": project,
+        "annotations": stored,
+        "spans": spans,
+        "annotation_names": dict(names),
+    }
 
 
 def _print_report(report: Any, chosen: Chosen, inputs: _EvalInputs) -> None:

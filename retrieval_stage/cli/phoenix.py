@@ -4,8 +4,14 @@ Phoenix computes NDCG@k, precision@k and hit for a span's documents only from do
 annotations logged against that span. With ``--phoenix`` every judged query runs as a traced
 pipeline (a RETRIEVER span with recall's candidates, the RERANKER span with the reranked ones);
 each document those spans show gets its judged grade (the qrels; 0 when unjudged, as ir-measures
-counts it) as a ``relevance`` annotation, through Phoenix's public client
-(``arize-phoenix-client``, the ``[phoenix]`` extra): ``Client.spans.log_document_annotations``.
+counts it) as a document annotation, through Phoenix's public client (``arize-phoenix-client``,
+the ``[phoenix]`` extra): ``Client.spans.log_document_annotations``.
+
+Phoenix's project page summarises document annotations by name (NDCG, precision, hit averaged
+over every span with that name), so the RETRIEVER's grades are named ``recall.relevance`` and
+the RERANKER's ``rerank.relevance`` (`BY_KIND`): one summary for recall, one for the rerank,
+never averaged together. ``--phoenix-annotation relevance`` (`SHARED`) keeps the single name
+``relevance`` of earlier versions, for saved Phoenix queries that name it.
 
 Positions are the span's own: the documents a finished span holds are read back from its
 attributes and checked, one by one, against the ranking the eval scored, so a grade can never
@@ -22,6 +28,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from threading import Lock
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,7 +44,11 @@ from ..models import Candidate
 
 __all__ = [
     "ANNOTATION_NAME",
+    "BY_KIND",
     "FROM_OTLP",
+    "RERANKER_ANNOTATION",
+    "RETRIEVER_ANNOTATION",
+    "SHARED",
     "DocumentSpans",
     "FixedRecall",
     "PhoenixUnavailableError",
@@ -48,7 +59,12 @@ __all__ = [
 ]
 
 ANNOTATION_NAME = "relevance"
-"""The annotation (evaluation) name Phoenix lists the judgements and their metrics under."""
+"""The one annotation name of earlier versions, on both kinds of span (`SHARED`): Phoenix's
+project page then averages recall's and the rerank's grades into one summary."""
+RETRIEVER_ANNOTATION = "recall.relevance"
+"""The annotation name of the judgements on RETRIEVER spans (recall's ranking)."""
+RERANKER_ANNOTATION = "rerank.relevance"
+"""The annotation name of the judgements on RERANKER spans (the reranked order)."""
 
 INGEST_WAIT_S = 60.0
 """How long to wait for Phoenix to store the spans before annotating them: it inserts spans
@@ -59,6 +75,15 @@ BATCH = 500
 
 _RERANKER = OpenInferenceSpanKindValues.RERANKER.value
 _RETRIEVER = OpenInferenceSpanKindValues.RETRIEVER.value
+
+BY_KIND: Mapping[str, str] = MappingProxyType(
+    {_RETRIEVER: RETRIEVER_ANNOTATION, _RERANKER: RERANKER_ANNOTATION}
+)
+"""The default: each span kind's judgements under a name of their own."""
+SHARED: Mapping[str, str] = MappingProxyType(
+    {_RETRIEVER: ANNOTATION_NAME, _RERANKER: ANNOTATION_NAME}
+)
+"""The compatibility choice: both under ``relevance``, as before (Phoenix averages them)."""
 _DOCUMENT_LISTS = {
     _RERANKER: RerankerAttributes.RERANKER_OUTPUT_DOCUMENTS,
     _RETRIEVER: SpanAttributes.RETRIEVAL_DOCUMENTS,
@@ -177,8 +202,10 @@ def judgements(
     recalled: Sequence[str],
     reranked: Sequence[str],
     judged: Mapping[str, int],
+    names: Mapping[str, str] = BY_KIND,
 ) -> list[dict[str, Any]]:
-    """One ``relevance`` annotation per document on each span, graded from `judged`.
+    """One annotation per document on each span, graded from `judged`, named by the span's
+    kind from `names` (`BY_KIND`: ``recall.relevance`` and ``rerank.relevance``).
 
     `recalled` and `reranked` are the rankings (document ids, best first) the eval scored for
     `query_id`; each span's documents must be a prefix of its kind's ranking (ids as the span
@@ -209,7 +236,7 @@ def judgements(
             grade = judged.get(doc_id, 0)
             out.append(
                 {
-                    "name": ANNOTATION_NAME,
+                    "name": names[span.kind],
                     "span_id": span.span_id,
                     "document_position": position,
                     "annotator_kind": "LLM",  # the only kind Phoenix computes metrics from

@@ -25,6 +25,7 @@ from retrieval_stage.cli.help import with_bare_values
 from retrieval_stage.cli.phoenix import (
     ANNOTATION_NAME,
     FROM_OTLP,
+    SHARED,
     DocumentSpans,
     FixedRecall,
     PhoenixUnavailableError,
@@ -119,6 +120,13 @@ def test_bare_phoenix_without_an_otlp_endpoint_is_a_usage_error() -> None:
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" in done.output
 
 
+def test_an_unknown_annotation_naming_is_a_usage_error_naming_the_two() -> None:
+    done = CliRunner().invoke(app, ["eval", "--phoenix-annotation", "shared"])
+    assert done.exit_code == 2, done.output
+    assert "by-kind" in done.output
+    assert "relevance" in done.output
+
+
 def test_bare_phoenix_refuses_an_otlp_endpoint_that_is_no_http_url() -> None:
     env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("OTEL_")}
     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = "grpc://collector:4317"
@@ -182,9 +190,31 @@ def test_grades_follow_the_documents_not_the_positions() -> None:
         (by_span["RERANKER"], 1): (0.0, "middle"),
         (by_span["RERANKER"], 2): (0.0, "short"),
     }
-    assert {a["name"] for a in out} == {ANNOTATION_NAME}
+    # Each kind under its own name, so Phoenix's project summary never averages the two.
+    names = {by_span["RETRIEVER"]: "recall.relevance", by_span["RERANKER"]: "rerank.relevance"}
+    assert all(a["name"] == names[a["span_id"]] for a in out)
     assert {a["annotator_kind"] for a in out} == {"LLM"}
     assert [a["metadata"]["judged"] for a in out][:3] == [True, True, False]
+
+
+def test_the_shared_name_of_earlier_versions_is_one_choice_away() -> None:
+    spans, reranked = traced_pipeline(POOL)
+
+    by_kind = judgements(
+        spans, query_id="q1", recalled=[c.id for c in POOL], reranked=reranked, judged={}
+    )
+    shared = judgements(
+        spans,
+        query_id="q1",
+        recalled=[c.id for c in POOL],
+        reranked=reranked,
+        judged={},
+        names=SHARED,
+    )
+
+    assert {a["name"] for a in shared} == {ANNOTATION_NAME} == {"relevance"}
+    # Nothing else differs: the same documents, positions and grades.
+    assert [{**a, "name": None} for a in shared] == [{**a, "name": None} for a in by_kind]
 
 
 def test_a_span_that_disagrees_with_the_eval_is_refused() -> None:

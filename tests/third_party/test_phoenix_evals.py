@@ -36,15 +36,37 @@ query ($name: String!, $after: String) {
       edges { node {
         spanKind
         context { spanId }
-        documentRetrievalMetrics(evaluationName: "relevance") {
+        recall: documentRetrievalMetrics(evaluationName: "recall.relevance") {
           ndcg10: ndcg(k: 10) precision5: precision(k: 5) hit
         }
+        rerank: documentRetrievalMetrics(evaluationName: "rerank.relevance") {
+          ndcg10: ndcg(k: 10) precision5: precision(k: 5) hit
+        }
+        shared: documentRetrievalMetrics(evaluationName: "relevance") { hit }
         documentEvaluations { documentPosition score metadata }
       } }
     }
   }
 }
 """
+
+
+PROJECT_SUMMARY = """
+query ($name: String!) {
+  getProjectByName(name: $name) {
+    documentEvaluationNames
+    recall: documentEvaluationSummary(evaluationName: "recall.relevance") {
+      averageNdcg(k: 10) countNdcg(k: 10) averagePrecision(k: 5)
+    }
+    rerank: documentEvaluationSummary(evaluationName: "rerank.relevance") {
+      averageNdcg(k: 10) countNdcg(k: 10) averagePrecision(k: 5)
+    }
+  }
+}
+"""
+"""What Phoenix's project page summarises: one summary per annotation name."""
+NAMES = {"RERANKER": "rerank", "RETRIEVER": "recall"}
+"""The GraphQL alias of each span kind's own annotation name (`SPANS_QUERY`)."""
 
 
 def _eval(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -85,7 +107,13 @@ def evaluated(phoenix: str) -> dict[str, Any]:
     done = _eval(phoenix, "--phoenix", phoenix, "--project", PROJECT)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    return {"report": report, "stderr": done.stderr, "spans": _spans(phoenix)}
+    summary = _graphql(phoenix, PROJECT_SUMMARY, name=PROJECT)["getProjectByName"]
+    return {
+        "report": report,
+        "stderr": done.stderr,
+        "spans": _spans(phoenix),
+        "summary": summary,
+    }
 
 
 def _by_query(spans: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
@@ -127,7 +155,11 @@ def test_phoenix_ndcg_is_our_eval_ndcg(evaluated: dict[str, Any], kind: str, sid
     exact = 0
     for row in report["per_query"]:
         span = spans[row["query_id"]]
-        (metrics,) = span["documentRetrievalMetrics"]
+        (metrics,) = span[NAMES[kind]]
+        # Only its own kind's name: none under the other's, none under the shared one.
+        other = ({"RERANKER", "RETRIEVER"} - {kind}).pop()
+        assert span[NAMES[other]] == []
+        assert span["shared"] == []
         evaluations = sorted(span["documentEvaluations"], key=lambda e: e["documentPosition"])
         ranking = [e["metadata"]["document_id"] for e in evaluations]
         grades = {e["metadata"]["document_id"]: int(e["score"]) for e in evaluations}
@@ -146,6 +178,27 @@ def test_phoenix_ndcg_is_our_eval_ndcg(evaluated: dict[str, Any], kind: str, sid
         else:
             assert metrics["ndcg10"] >= ours - 1e-9  # a smaller ideal: never below ours
     assert exact >= 1, "no query had all its relevant documents recalled: nothing compared"
+
+
+def test_the_project_summarises_recall_and_rerank_apart(evaluated: dict[str, Any]) -> None:
+    summary = evaluated["summary"]
+    assert sorted(summary["documentEvaluationNames"]) == ["recall.relevance", "rerank.relevance"]
+    per_query = evaluated["report"]["per_query"]
+    for kind, side in (("RERANKER", "reranked"), ("RETRIEVER", "recall")):
+        spans = _by_query(evaluated["spans"], kind)
+        ndcgs = [spans[row["query_id"]][NAMES[kind]][0]["ndcg10"] for row in per_query]
+        panel = summary[NAMES[kind]]
+        # Each summary is the mean over its own kind's spans only, not over both kinds.
+        assert panel["countNdcg"] == len(per_query)
+        assert panel["averageNdcg"] == pytest.approx(sum(ndcgs) / len(ndcgs), abs=1e-9), side
+    assert summary["rerank"]["averageNdcg"] != pytest.approx(summary["recall"]["averageNdcg"])
+    assert "'rerank.relevance' on RERANKER spans, 'recall.relevance' on RETRIEVER spans" in (
+        " ".join(evaluated["stderr"].split())
+    )
+    assert evaluated["report"]["phoenix"]["annotation_names"] == {
+        "RERANKER": "rerank.relevance",
+        "RETRIEVER": "recall.relevance",
+    }
 
 
 def _qrels_for(query_id: str) -> dict[str, int]:
