@@ -25,7 +25,10 @@ from ..report import Row
 
 T = TypeVar("T")
 TOP_K = 10
-SIGNALS = ("kendall_tau", "topk_overlap", "max_promotion", "top_score", "score_margin")
+SIGNALS = (
+    "kendall_tau", "topk_overlap", "max_promotion", "top_score", "score_margin", "rbo",
+    "score_spread",
+)  # fmt: skip
 
 
 class InputOrder:
@@ -108,7 +111,9 @@ def measure(server: LocalServer, scale: Scale) -> dict[str, Any]:
     from retrieval_stage.spans.keys import (
         ATTR_KENDALL_TAU,
         ATTR_MAX_PROMOTION,
+        ATTR_RBO,
         ATTR_SCORE_MARGIN,
+        ATTR_SCORE_SPREAD,
         ATTR_TOP_SCORE,
         ATTR_TOPK_OVERLAP,
     )
@@ -117,7 +122,7 @@ def measure(server: LocalServer, scale: Scale) -> dict[str, Any]:
         zip(
             SIGNALS,
             (ATTR_KENDALL_TAU, ATTR_TOPK_OVERLAP, ATTR_MAX_PROMOTION, ATTR_TOP_SCORE,
-             ATTR_SCORE_MARGIN),
+             ATTR_SCORE_MARGIN, ATTR_RBO, ATTR_SCORE_SPREAD),
             strict=True,
         )
     )  # fmt: skip
@@ -182,7 +187,8 @@ def rows(result: dict[str, Any], results: dict[str, Any]) -> list[Row]:
                 f"{row['share_tau_absent']:.0%}; overlap@10 {cell(s['topk_overlap'])}; "
                 f"max promotion {cell(s['max_promotion'])}; top score {cell(s['top_score'])}; "
                 f"margin {cell(s['score_margin'])}, top two tied on "
-                f"{row['share_top_two_tied']:.0%}",
+                f"{row['share_top_two_tied']:.0%}; RBO {cell(s['rbo'])}; "
+                f"spread@10 {cell(s['score_spread'])}",
                 "",
                 "",
             )
