@@ -144,8 +144,9 @@ def serve(
         typer.Option(
             "--model-threads",
             min=1,
-            help="torch threads (default: one per core; the numpy embedding backend: BLAS "
-            "threads, default 1). On a machine busy with other work, 1 can be many times faster.",
+            help="torch threads (default: one per core); the numpy embedding backend's threads, "
+            "each embedding a batch of texts (default: one per core, up to 8). On a machine busy "
+            "with other work, 1 can be faster.",
             show_default=False,
         ),
     ] = None,
