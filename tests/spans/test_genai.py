@@ -13,6 +13,7 @@ Real WireMock behind our real clients; spans read from the SDK's in-memory expor
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -21,7 +22,13 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from retrieval_stage import Candidate, RerankClient, RerankResponse, RerankStage
+from retrieval_stage import (
+    AsyncRerankClient,
+    Candidate,
+    RerankClient,
+    RerankResponse,
+    RerankStage,
+)
 from retrieval_stage.spans.genai import genai_opted_in, server_of
 
 from ..conftest import WireMock
@@ -271,3 +278,28 @@ def test_server_is_the_urls_host_and_port_only(url: str, expected: tuple[str, in
 @pytest.mark.parametrize("url", [None, "", "not a url", "ftp://host/x", "http://host:port/"])
 def test_no_server_without_a_usable_url(url: str | None) -> None:
     assert server_of(url) is None
+
+
+# -- the async path --------------------------------------------------------------------------
+
+
+def test_async_stage_writes_the_same_genai_names(wm: WireMock, spans: Spans) -> None:
+    provider, exporter = spans
+
+    async def call() -> None:
+        async with AsyncRerankClient(wm.url + "/vllm/all", provider="vllm", model="alias") as c:
+            stage = RerankStage(c, tracer_provider=provider, genai_conventions=True)
+            await stage.arun("capital?", three())
+
+    asyncio.run(call())
+    got = attributes(only_span(exporter))
+    address, port = host_port(wm.url)
+    assert {k: got[k] for k in GENAI_KEYS & got.keys()} == {
+        "gen_ai.operation.name": "rerank",
+        "gen_ai.provider.name": "vllm",
+        "gen_ai.request.model": "alias",
+        "gen_ai.response.model": "BAAI/bge-reranker-v2-m3",
+        "gen_ai.rerank.candidate.count": 3,
+        "server.address": address,
+        "server.port": port,
+    }

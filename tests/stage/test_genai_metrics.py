@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, Metric
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from retrieval_stage import Candidate, RerankClient, RerankStage
 from retrieval_stage.spans.genai import server_of
@@ -115,4 +117,19 @@ def test_the_environment_opt_in_reaches_the_metrics(
         RerankStage(client, meter_provider=meters).run("capital?", three())
     _, (point,) = duration_points(reader)
     assert point.count == 1
+    meters.shutdown()
+
+
+def test_a_sampled_out_call_still_records_the_duration(wm: WireMock) -> None:
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    tracer_provider = TracerProvider(sampler=ALWAYS_OFF)
+    with RerankClient(wm.url + "/vllm/all", provider="vllm", model="m") as client:
+        stage = RerankStage(
+            client, tracer_provider=tracer_provider, meter_provider=meters, genai_conventions=True
+        )
+        stage.run("capital?", three())
+    _, (point,) = duration_points(reader)
+    assert point.count == 1
+    assert dict(point.attributes or {})["gen_ai.provider.name"] == "vllm"
     meters.shutdown()
