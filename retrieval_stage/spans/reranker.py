@@ -14,7 +14,7 @@ With OpenTelemetry's GenAI opt-in (`genai.genai_opted_in`, read when the writer 
 stage hands them to `start` as ``genai=`` (`genai.start_attributes`), `succeeded` takes
 ``gen_ai.response.model`` in its ``extra``, and a failure's ``error.type`` is written by
 OpenTelemetry's rules (`genai.error_type`) instead of the bare class name. Without it the span
-is what it always was: the one cost is a boolean test on a failure.
+is what it always was, for a None test at start and a boolean test on a failure.
 """
 
 from __future__ import annotations
