@@ -135,12 +135,10 @@ def start_attributes(
 
 def error_type(exc: BaseException) -> str:
     """``error.type`` of a failed call, by OpenTelemetry's rules: an HTTP error's status code
-    as a string (``"503"``, as its HTTP conventions write it), else the exception's fully
-    qualified class name (``retrieval_stage.errors.RerankTransportError``; a builtin's bare
-    name, ``TimeoutError``). Both are low-cardinality, as a metric attribute must be."""
+    as a string (``"503"``, as its HTTP conventions write it), else the exception's qualified
+    class name (``RerankTransportError``; a nested class as ``Vendor.Error``), the class name
+    within its package, as OpenTelemetry's Python GenAI instrumentations write it. Both are
+    low-cardinality, as a metric attribute must be."""
     if isinstance(exc, RerankStatusError):
         return str(exc.status_code)
-    cls = type(exc)
-    if cls.__module__ == "builtins":
-        return cls.__qualname__
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return type(exc).__qualname__

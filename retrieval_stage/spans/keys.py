@@ -115,8 +115,8 @@ ATTR_GEN_AI_RERANK_TOP_N = "gen_ai.rerank.top_n"
 ATTR_SERVER_ADDRESS = "server.address"
 ATTR_SERVER_PORT = "server.port"
 ATTR_ERROR_TYPE = "error.type"
-"""On a failed call's RERANKER span (the exception's class name; with the GenAI opt-in its
-qualified name, or an HTTP error's status code) and, with the opt-in, its duration point."""
+"""On a failed call's RERANKER span (the exception's class name; with the GenAI opt-in an HTTP
+error's status code, or the class's qualified name) and, with the opt-in, its duration point."""
 
 # The label-free quality signals (`retrieval_stage.quality`), on the RERANKER span.
 ATTR_KENDALL_TAU = "retrieval_stage.quality.kendall_tau"
