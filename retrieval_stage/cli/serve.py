@@ -187,6 +187,14 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    trace_content: Annotated[
+        bool,
+        typer.Option(
+            "--trace-content",
+            help="Put the query and the texts on the RERANKER span the server writes for "
+            "callers without one (curl, TEI clients); off: input positions and scores only.",
+        ),
+    ] = False,
     log_level: Annotated[
         str,
         typer.Option(
@@ -223,6 +231,7 @@ def serve(
             batch_wait_ms=batch_wait_ms,
             payload_limit=payload_limit,
             model_threads=model_threads,
+            trace_content=trace_content,
         )
         from ..server.scorers import make_scorer
 
