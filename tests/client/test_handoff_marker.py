@@ -8,10 +8,11 @@ A loopback server records the headers each request arrived with (`tests.client.h
 from __future__ import annotations
 
 import socket
+from typing import Any
 
 from opentelemetry import context, trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, SamplingResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.span import TraceState
 
@@ -30,9 +31,7 @@ def _ok(request: Request, conn: socket.socket) -> None:
 
 def _remote_parent(state: TraceState) -> context.Context:
     """A context whose current span is a sampled remote parent carrying `state`."""
-    parent = SpanContext(
-        TRACE_ID, 0x00F067AA0BA902B7, True, TraceFlags(TraceFlags.SAMPLED), state
-    )
+    parent = SpanContext(TRACE_ID, 0x00F067AA0BA902B7, True, TraceFlags(TraceFlags.SAMPLED), state)
     return trace.set_span_in_context(NonRecordingSpan(parent))
 
 
@@ -66,6 +65,36 @@ def test_a_full_tracestate_drops_its_rightmost_entry_for_the_marker() -> None:
     assert len(sent) == 32
     assert sent[0] == f"{TRACESTATE_KEY}={TRACESTATE_VALUE}"
     assert sent[-1] == "k30=v"
+
+
+class RecordOnly(Sampler):
+    """Spans that record but are not sampled: the SDK keeps them from every exporter."""
+
+    def should_sample(
+        self,
+        parent_context: context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: Any = None,
+        attributes: Any = None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> SamplingResult:
+        # The span keeps the attributes and the trace state a sampler hands back.
+        state = trace.get_current_span(parent_context).get_span_context().trace_state
+        return SamplingResult(Decision.RECORD_ONLY, attributes=attributes, trace_state=state)
+
+    def get_description(self) -> str:
+        return "RecordOnly"
+
+
+def test_a_recording_but_unsampled_reranker_span_sends_no_marker() -> None:
+    # It records, so it looks like ours from the inside, but it never reaches the trace.
+    headers = _headers_through_stage(
+        TracerProvider(sampler=RecordOnly()), TraceState([("vendor", "opaque7")])
+    )
+    assert headers["traceparent"].endswith("-00")
+    assert headers["tracestate"] == "vendor=opaque7"
 
 
 def test_a_sampled_out_reranker_span_sends_no_marker() -> None:
