@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+from openinference.instrumentation import TraceConfig
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
@@ -143,6 +144,8 @@ class Serving:
             on_batch=self._on_batch,
         )
         self.instruments = ServerInstruments(parts.meter_provider, lambda: self.batcher.depth)
+        # OPENINFERENCE_HIDE_INPUTS/_OUTPUTS, read once, for the RERANKER spans it writes.
+        self.trace_config = TraceConfig()
 
     def _on_batch(self, batch: Batch) -> None:
         record_batch(self._tracer, self.instruments, batch, self.scorer.model_id, self.scorer.kind)
@@ -356,6 +359,7 @@ def _reranked(
         top_n=top_n,
         model=serving.scorer.model_id,
         content=serving.settings.trace_content,
+        config=serving.trace_config,
     )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,7 @@ class App:
     receiver: HttpReceiver
 
 
+@contextmanager
 def _run_app(receiver: HttpReceiver, settings: ServerSettings) -> Iterator[App]:
     provider = TracerProvider(resource=Resource.create({"service.name": "retrieval-stage-server"}))
     provider.add_span_processor(
@@ -98,12 +100,14 @@ def receiver() -> Iterator[HttpReceiver]:
 
 @pytest.fixture(scope="module")
 def plain(receiver: HttpReceiver) -> Iterator[App]:
-    yield from _run_app(receiver, ServerSettings(reranker="lexical"))
+    with _run_app(receiver, ServerSettings(reranker="lexical")) as app:
+        yield app
 
 
 @pytest.fixture(scope="module")
 def with_content(receiver: HttpReceiver) -> Iterator[App]:
-    yield from _run_app(receiver, ServerSettings(reranker="lexical", trace_content=True))
+    with _run_app(receiver, ServerSettings(reranker="lexical", trace_content=True)) as app:
+        yield app
 
 
 @dataclass
@@ -245,8 +249,7 @@ def test_the_content_flag_puts_the_query_and_the_texts_on_the_span(with_content:
         {"id": str(i), "content": text} for i, text in enumerate(TEXTS)
     ]
     assert _documents(server, "output_documents") == [
-        {"id": str(r["index"]), "content": TEXTS[r["index"]], "score": r["score"]}
-        for r in answered
+        {"id": str(r["index"]), "content": TEXTS[r["index"]], "score": r["score"]} for r in answered
     ]
     # The model batch under it still holds no text.
     batch = next(s for s in call.spans if s.span.name == "rerank.batch")
@@ -260,3 +263,27 @@ def test_the_content_flag_puts_nothing_on_a_span_whose_caller_has_the_reranker(
     call = _call(with_content, "/rerank", {"query": QUERY, "texts": TEXTS}, headers)
     assert call.one("POST /rerank")["openinference.span.kind"] == "CHAIN"
     _no_text(call)
+
+
+def test_a_path_not_served_and_a_wrong_method_are_chains(plain: App) -> None:
+    unknown = _call(plain, "/scanner/probe", names=("GET",))
+    assert unknown.reply.status_code == 404
+    assert unknown.one("GET")["openinference.span.kind"] == "CHAIN"
+    wrong = _call(plain, "/rerank", names=("GET /rerank",))
+    assert wrong.reply.status_code == 405
+    assert wrong.one("GET /rerank")["openinference.span.kind"] == "CHAIN"
+
+
+def test_openinferences_hide_variables_mask_the_content_flags_texts(
+    receiver: HttpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENINFERENCE_HIDE_INPUTS", "true")
+    monkeypatch.setenv("OPENINFERENCE_HIDE_OUTPUTS", "true")
+    with _run_app(receiver, ServerSettings(reranker="lexical", trace_content=True)) as app:
+        call = _call(app, "/rerank", {"query": QUERY, "texts": TEXTS})
+        server = call.one("POST /rerank")
+        assert server["openinference.span.kind"] == "RERANKER"
+        assert server["reranker.top_k"] == len(TEXTS)
+        assert _documents(server, "input_documents") == []
+        assert _documents(server, "output_documents") == []
+        _no_text(call)
