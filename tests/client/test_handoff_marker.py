@@ -53,6 +53,12 @@ def test_the_stages_reranker_span_marks_the_trace_context_first_keeping_the_rest
     assert headers["traceparent"].endswith("-01")
 
 
+def test_a_caller_without_tracestate_sends_the_marker_alone() -> None:
+    headers = _headers_through_stage(TracerProvider(), TraceState())
+    assert headers["tracestate"] == f"{TRACESTATE_KEY}={TRACESTATE_VALUE}"
+    assert TraceState.from_header([headers["tracestate"]]).get(TRACESTATE_KEY) == "rr"
+
+
 def test_a_marker_already_in_the_callers_state_is_not_repeated() -> None:
     state = TraceState([("vendor", "v"), (TRACESTATE_KEY, "old")])
     headers = _headers_through_stage(TracerProvider(), state)
