@@ -158,6 +158,15 @@ def serve(
             "or after its last response); then it is closed.",
         ),
     ] = 10.0,
+    body_timeout: Annotated[
+        float,
+        typer.Option(
+            "--body-timeout",
+            min=0.1,
+            help="Seconds a request body may take to arrive after its head; then 408 and the "
+            "connection is closed.",
+        ),
+    ] = 30.0,
     max_connections: Annotated[
         int | None,
         typer.Option(
@@ -230,6 +239,7 @@ def serve(
             max_queue=max_queue,
             batch_wait_ms=batch_wait_ms,
             payload_limit=payload_limit,
+            body_timeout=body_timeout,
             model_threads=model_threads,
             trace_content=trace_content,
         )

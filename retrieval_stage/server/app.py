@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+import anyio
 from openinference.instrumentation import TraceConfig
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
@@ -60,6 +61,7 @@ from .wire import (
     RerankApi,
     RerankJob,
     ServedModel,
+    body_too_slow,
     internal_error,
     parse_rerank_body,
     render_scores,
@@ -255,11 +257,14 @@ async def _body(request: Request[State], serving: Serving) -> bytes:
         raise ApiError(
             "UnsupportedMediaType", "Expected request with `Content-Type: application/json`"
         )
-    return await _read_body(request, serving.settings.payload_limit)
+    settings = serving.settings
+    return await _read_body(request, settings.payload_limit, settings.body_timeout)
 
 
-async def _read_body(request: Request[State], limit: int) -> bytes:
-    """The request body, or TEI's 413 once it passes `limit` bytes (read no further)."""
+async def _read_body(request: Request[State], limit: int, timeout: float) -> bytes:
+    """The request body, or TEI's 413 once it passes `limit` bytes (read no further), or 408
+    when it is not all there `timeout` seconds after the head (the connection then closes:
+    h11 cannot reuse one whose body was not read to its end)."""
     too_large = ApiError(
         "PayloadTooLarge", f"the request body is larger than the {limit}-byte limit"
     )
@@ -268,11 +273,15 @@ async def _read_body(request: Request[State], limit: int) -> bytes:
         raise too_large
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise body_too_slow(timeout, size) from None
     return b"".join(chunks)
 
 
