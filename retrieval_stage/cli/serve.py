@@ -197,6 +197,14 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    trace_content: Annotated[
+        bool,
+        typer.Option(
+            "--trace-content",
+            help="Put the query and the texts on the RERANKER span the server writes for "
+            "callers without one (curl, TEI clients); off: input positions and scores only.",
+        ),
+    ] = False,
     log_level: Annotated[
         str,
         typer.Option(
@@ -234,6 +242,7 @@ def serve(
             payload_limit=payload_limit,
             body_timeout=body_timeout,
             model_threads=model_threads,
+            trace_content=trace_content,
         )
         from ..server.scorers import make_scorer
 

@@ -46,6 +46,9 @@ class ServerSettings:
     `embedding_cache` keeps that many document embeddings (0: none). `model_threads` sets
     torch's threads for this process (None: torch's default, one per core); on a machine
     whose cores are busy with other work, 1 is much faster than several fighting for them.
+    `trace_content` puts the query and the texts on the RERANKER span the server writes for a
+    caller without one of its own (``--trace-content``; off: positions and scores only, since
+    the texts may be private and the caller did not ask for them to be kept).
     """
 
     reranker: str = "embedding"
@@ -61,6 +64,7 @@ class ServerSettings:
     model_batch_size: int = 32
     embedding_cache: int = 0
     model_threads: int | None = None
+    trace_content: bool = False
 
     def __post_init__(self) -> None:
         if self.reranker not in RERANKERS:
@@ -77,6 +81,8 @@ class ServerSettings:
             "model_batch_size",
         ):
             validate.count(getattr(self, name), name)
+        if not isinstance(self.trace_content, bool):
+            raise ValueError(f"trace_content must be a boolean, got {self.trace_content!r}")
         if self.model_threads is not None:
             validate.count(self.model_threads, "model_threads")
         if isinstance(self.embedding_cache, bool) or self.embedding_cache < 0:
