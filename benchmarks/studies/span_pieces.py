@@ -19,6 +19,8 @@ every variant once per round in turn. Three parts:
   for the same mapping (``span.set_attributes`` on a fresh span with the same limit).
 - **exporter thread**: `otlp_encoder.serialize_spans` and the SDK's `encode_spans` per span,
   over a batch of B finished spans (512: the BatchSpanProcessor's default batch).
+- **a deferred record's bound** (`deferred_bound`): the documents flattened, then encoded,
+  against the same bytes encoded straight from the candidates.
 
 The machine is shared: the run prints the load average; read pieces of a few µs as noise.
 """
@@ -30,7 +32,7 @@ import asyncio
 import os
 import time
 import timeit
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -47,7 +49,8 @@ it is left out of the sum that leaves "the rest"."""
 
 
 @contextmanager
-def _without(module: Any, name: str, replacement: Any) -> Any:
+def _without(module: Any, name: str, replacement: Any) -> Iterator[None]:
+    """`module.name` is `replacement` inside the block, whatever happens in it."""
     saved = getattr(module, name)
     setattr(module, name, replacement)
     try:
@@ -62,7 +65,11 @@ def _knockouts() -> dict[str, tuple[Any, str, Any]]:
     from retrieval_stage.spans import fit, reranker
 
     return {
-        "document attributes built (fit._documents)": (fit, "_documents", lambda *a: None),
+        "document attributes built and stored (fit._documents)": (
+            fit,
+            "_documents",
+            lambda *a: None,
+        ),
         "outcome attributes stored (set_span_attributes)": (
             reranker,
             "set_span_attributes",
@@ -196,7 +203,85 @@ def encoding(rounds: int, batch: int) -> dict[str, float]:
     }
 
 
-def report(best: dict[str, float], attr: dict[str, float], enc: dict[str, float]) -> str:
+def deferred_bound(rounds: int) -> dict[str, float]:
+    """What a span that keeps its documents as one record could save at most (issue 38).
+
+    Times, for one call's 50 input and 50 output documents: flattening them into attributes
+    (`fit._documents`), encoding the flattened mapping (`otlp_encoder._attributes`), and
+    encoding the same documents straight from the candidates with the encoder's own tables
+    (key heads per position, string framing per size), as a deferred record's encoder would.
+    The direct bytes are checked equal to the flattened encoding's before anything is timed.
+    The saving such a design can reach is the flattening (and the store it avoids) only if
+    the direct encoding costs no more than the flattened one.
+    """
+    from openinference.instrumentation import TraceConfig
+
+    from retrieval_stage.models import Reranked
+    from retrieval_stage.spans import fit
+    from retrieval_stage.telemetry import otlp_encoder as enc
+
+    tag = b"\x4a"  # Span.attributes
+    cands = candidates(DOCS)
+    outputs = [
+        Reranked(c, 1.0 - i / (2 * DOCS), DOCS - 1 - i) for i, c in enumerate(reversed(cands))
+    ]
+    config = TraceConfig()
+    tagged, mids, extras, double = (
+        enc._tagged(tag),
+        enc._STRING_MIDS,
+        enc._STRING_EXTRAS,
+        enc._DOUBLE,
+    )
+    entries: dict[str, Any] = {}
+
+    def entry(key: str) -> Any:
+        return entries.setdefault(key, enc._Key(key, tag))
+
+    def heads(table: Any) -> list[tuple[Any, ...]]:
+        return [tuple(map(entry, keys)) for keys in table.upto(DOCS)[:DOCS]]
+
+    in_heads, out_heads = heads(fit._INPUT_KEYS), heads(fit._OUTPUT_KEYS)
+
+    def strings(parts: list[bytes], pairs: Any) -> None:
+        for key, value in pairs:
+            raw = value.encode()
+            size = len(raw)
+            parts += (tagged[key.size + extras[size]], key.head, mids[size], raw)
+
+    def direct() -> bytes:
+        parts: list[bytes] = []
+        for (id_, content, score, _), c in zip(in_heads, cands, strict=True):
+            strings(parts, ((id_, c.id), (content, c.text)))
+            parts += (score.float_head, double(c.score))
+        for (id_, content, score, _), r in zip(out_heads, outputs, strict=True):
+            strings(parts, ((id_, r.candidate.id), (content, r.candidate.text)))
+            parts += (score.float_head, double(r.score))
+        return b"".join(parts)
+
+    def flatten() -> dict[str, Any]:
+        attributes: dict[str, Any] = {}
+        fit._documents(attributes, None, cands, outputs, config, 2000, True)
+        return attributes
+
+    flat = flatten()
+    if enc._attributes_bytes(tag, flat) != direct():
+        raise RuntimeError("the direct encoding differs from the flattened one")
+    return {
+        "documents flattened (fit._documents) µs": _best(flatten, 300, rounds) * 1e6,
+        "flattened documents encoded µs": _best(
+            lambda: enc._attributes_bytes(tag, flat), 300, rounds
+        )
+        * 1e6,
+        "documents encoded straight from the candidates µs": _best(direct, 300, rounds) * 1e6,
+    }
+
+
+def report(
+    best: dict[str, float],
+    attr: dict[str, float],
+    enc: dict[str, float],
+    deferred: dict[str, float],
+) -> str:
     off, on = best["sampled out"], best["recording"]
     lines = [
         "| variant | thread CPU µs/call (min) | piece: recording minus this |",
@@ -216,9 +301,20 @@ def report(best: dict[str, float], attr: dict[str, float], enc: dict[str, float]
     rest = on - off - accounted
     lines.append(f"| the rest: the SDK span's own life, the outcome's few values | | {rest:.1f} |")
     lines += ["", "| per attribute | value |", "|---|---|"]
-    lines += [f"| {name} | {value:.3f} |" for name, value in attr.items()]
+    lines += [
+        f"| {name} | {value:.0f} |"
+        if name.startswith("attributes")
+        else f"| {name} | {value:.3f} |"
+        for name, value in attr.items()
+    ]
     lines += ["", "| exporter thread | value |", "|---|---|"]
     lines += [f"| {name} | {value:.1f} |" for name, value in enc.items()]
+    lines += [
+        "",
+        "| a deferred record's bound (100 documents, 300 attributes) | value |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {value:.1f} |" for name, value in deferred.items()]
     return "\n".join(lines)
 
 
@@ -233,8 +329,9 @@ def main(argv: list[str] | None = None) -> None:
     best = pieces(args.rounds, args.calls)
     attr = per_attribute(args.rounds)
     enc = encoding(args.rounds, args.batch)
+    deferred = deferred_bound(args.rounds)
     print(f"load average {load} at the start; {DOCS} documents, min of {args.rounds} rounds\n")
-    print(report(best, attr, enc))
+    print(report(best, attr, enc, deferred))
 
 
 if __name__ == "__main__":
