@@ -14,13 +14,14 @@ The collector's Prometheus exporter turns them into ``retrieval_stage_rerank_dur
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from opentelemetry import metrics
 from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.metrics import _internal as _metrics_api
 from opentelemetry.metrics._internal import _ProxyMeterProvider
+from opentelemetry.util.types import AttributeValue
 
 from ._version import __version__
 from .spans.keys import (
@@ -34,6 +35,7 @@ from .spans.keys import (
     METRIC_DOCUMENTS,
     METRIC_DURATION,
     METRIC_FALLBACKS,
+    METRIC_GEN_AI_CLIENT_OPERATION_DURATION,
     METRIC_KENDALL_TAU,
     METRIC_KENDALL_TAU_DEPRECATED,
     METRIC_MAX_PROMOTION,
@@ -58,6 +60,11 @@ __all__ = ["ChainMetrics", "RerankMetrics", "global_meter_provider", "metrics_co
 # milliseconds) would put every call in the first two buckets.
 DURATION_BUCKETS_S: Sequence[float] = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 30.0,
+)  # fmt: skip
+# OpenTelemetry's advice for ``gen_ai.client.operation.duration`` (its GenAI metrics
+# conventions), kept as given so the histogram compares with other GenAI clients'.
+GEN_AI_DURATION_BUCKETS_S: Sequence[float] = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 )  # fmt: skip
 # Candidates per call: recall stages hand over tens to a few hundred documents.
 DOCUMENT_BUCKETS: Sequence[float] = (1, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -103,9 +110,15 @@ class RerankMetrics:
     One instance per stage is enough: instruments are created once and ``record`` only adds
     data points. With the API's default provider the meter is a proxy, so metrics start flowing
     as soon as the application installs a real global provider, even after this was built.
+
+    `genai` True (the stage's GenAI opt-in, `retrieval_stage.spans.genai`) also creates
+    OpenTelemetry's ``gen_ai.client.operation.duration`` histogram, which
+    `record_operation_duration` records; without it the instrument does not exist.
     """
 
-    def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
+    def __init__(
+        self, meter_provider: metrics.MeterProvider | None = None, *, genai: bool = False
+    ) -> None:
         self._meter_provider = meter_provider
         self._given_enabled = meter_provider is not None and metrics_configured(meter_provider)
         self._global_seen: metrics.MeterProvider | None = None
@@ -200,6 +213,16 @@ class RerankMetrics:
             description="The reranker's best top-k score minus its worst, per call.",
             explicit_bucket_boundaries_advisory=SPREAD_BUCKETS,
         )
+        self._operation_duration = (
+            meter.create_histogram(
+                METRIC_GEN_AI_CLIENT_OPERATION_DURATION,
+                unit="s",
+                description="GenAI operation duration.",
+                explicit_bucket_boundaries_advisory=GEN_AI_DURATION_BUCKETS_S,
+            )
+            if genai
+            else None
+        )
 
     @property
     def enabled(self) -> bool:
@@ -285,6 +308,15 @@ class RerankMetrics:
         ):
             if value is not None:
                 histogram.record(value, attributes)
+
+    def record_operation_duration(
+        self, duration_s: float, attributes: Mapping[str, AttributeValue]
+    ) -> None:
+        """Record one call's ``gen_ai.client.operation.duration`` with its GenAI attributes
+        (operation, provider, request model, server, ``error.type`` on failure); nothing when
+        this was built without `genai`."""
+        if self._operation_duration is not None:
+            self._operation_duration.record(duration_s, attributes)
 
 
 class ChainMetrics:

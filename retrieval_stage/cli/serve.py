@@ -144,8 +144,9 @@ def serve(
         typer.Option(
             "--model-threads",
             min=1,
-            help="torch threads (default: one per core; the numpy embedding backend: BLAS "
-            "threads, default 1). On a machine busy with other work, 1 can be many times faster.",
+            help="torch threads (default: one per core); the numpy embedding backend's threads, "
+            "each embedding a batch of texts (default: one per core, up to 8). On a machine busy "
+            "with other work, 1 can be faster.",
             show_default=False,
         ),
     ] = None,
@@ -158,6 +159,15 @@ def serve(
             "or after its last response); then it is closed.",
         ),
     ] = 10.0,
+    body_timeout: Annotated[
+        float,
+        typer.Option(
+            "--body-timeout",
+            min=0.1,
+            help="Seconds a request body may take to arrive after its head; then 408 and the "
+            "connection is closed.",
+        ),
+    ] = 30.0,
     max_connections: Annotated[
         int | None,
         typer.Option(
@@ -187,6 +197,14 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    trace_content: Annotated[
+        bool,
+        typer.Option(
+            "--trace-content",
+            help="Put the query and the texts on the RERANKER span the server writes for "
+            "callers without one (curl, TEI clients); off: input positions and scores only.",
+        ),
+    ] = False,
     log_level: Annotated[
         str,
         typer.Option(
@@ -222,7 +240,9 @@ def serve(
             max_queue=max_queue,
             batch_wait_ms=batch_wait_ms,
             payload_limit=payload_limit,
+            body_timeout=body_timeout,
             model_threads=model_threads,
+            trace_content=trace_content,
         )
         from ..server.scorers import make_scorer
 

@@ -209,6 +209,7 @@ class ClientCore(Generic[H]):
             ),
             usage=call.usage,
             model=call.model or self.model_name,
+            served_model=call.model,
             requests=call.requests,
             retries=call.retries,
             batches=call.batches,

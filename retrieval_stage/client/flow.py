@@ -1,8 +1,8 @@
 """The rerank call as a sans-I/O flow, written once for the sync and the async client.
 
 `Call.flow()` is a generator of `steps` (see there) that decides and never does I/O.
-`RerankClient` drives it with blocking calls, one sub-batch after another; `AsyncRerankClient`
-with awaits, the sub-batches of a `Fork` concurrently under one task group. Everything a call
+`RerankClient` drives it with blocking calls, the sub-batches of a `Fork` on threads of the
+call's own; `AsyncRerankClient` with awaits, under one task group. Everything a call
 decides lives here: the batch plan, retries and their waits (`retry`), the deadline,
 Retry-After, splitting a refused batch, the cap a server states (kept in `plan.Learned` for later
 calls), `/info`, the judgement of each response (`providers`) and the sanitising of server text
@@ -12,6 +12,7 @@ calls), `/info`, the judgement of each response (`providers`) and the sanitising
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,8 @@ class Call:
     usage: Usage = field(default_factory=Usage)
     model: str | None = None
     _hay: Hay | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    """Guards the counts and usage: the sync client runs a fork's sub-flows on threads."""
 
     def hay(self) -> Hay:
         """Everything this call sends, for the sanitiser: built once per call, and the whole
@@ -174,7 +177,8 @@ class Call:
         while True:
             if self.deadline.expired():
                 raise self.deadline_error()
-            self.requests += 1
+            with self._lock:
+                self.requests += 1
             outcome = yield Send("POST", url, plan.headers(), body)
             if outcome is EXPIRED:
                 raise self.deadline_error()
@@ -306,7 +310,8 @@ class Call:
                 return _Attempt(error=error, split_to=(n + 1) // 2)
         retryable = is_retryable_status(status, previous_424s=self.seen_424)
         if status == 424:
-            self.seen_424 += 1
+            with self._lock:
+                self.seen_424 += 1
         return _Attempt(error=error, retryable=retryable, headers=reply.headers)
 
     def _split_event(self, attempt: _Attempt, n: int, offset: int) -> None:
@@ -355,7 +360,8 @@ class Call:
         span = trace.get_current_span()
         if span.is_recording():
             span.add_event("rerank.retry_scheduled", fields)
-        self.retries += 1
+        with self._lock:
+            self.retries += 1
         return wait
 
     def _model(self, name: str, hay: Hay) -> str | None:
@@ -363,10 +369,11 @@ class Call:
         return clean(name, hay, self.plan.secrets, MODEL_MAX_CHARS) or None
 
     def _record(self, parsed: ParsedBatch, offset: int) -> Pairs:
-        self.batches += 1
-        self.usage = self.usage + parsed.usage
-        if parsed.model:
-            self.model = parsed.model
+        with self._lock:
+            self.batches += 1
+            self.usage = self.usage + parsed.usage
+            if parsed.model:
+                self.model = parsed.model
         if not offset:  # the call's only batch, or its first: indices are the call's already
             return parsed.pairs
         return [(offset + i, score) for i, score in parsed.pairs]

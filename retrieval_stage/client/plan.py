@@ -14,10 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 
 from .._log import get_logger
 from .._redact import without_key
+from ..spans.handoff import mark_handoff
 from .body import ACCEPT_ENCODING, DEFAULT_MAX_RESPONSE_BYTES
 from .providers import WireFormat
 
@@ -57,7 +58,9 @@ class Plan:
         (``Accept-Encoding``, so a server never picks one we cannot bound), the key, URL
         credentials as Basic auth, and W3C trace context from the global propagator
         (``traceparent``, ``tracestate`` and, unless `send_baggage` is off, the application's
-        ``baggage``), so a traced server joins our trace."""
+        ``baggage``), so a traced server joins our trace. Inside our own recording RERANKER
+        span, ``tracestate`` also says so (``rstage=rr``, `retrieval_stage.spans.handoff`), so
+        ``retrieval-stage serve`` does not write a second RERANKER span for the same rerank."""
         headers = {"accept": "application/json", "accept-encoding": ACCEPT_ENCODING}
         if self.basic_auth is not None:
             token = base64.b64encode(self.basic_auth.encode()).decode("ascii")
@@ -68,6 +71,7 @@ class Plan:
             else:
                 headers[self.api_key_header] = self.api_key
         propagate.inject(headers)
+        mark_handoff(headers, trace.get_current_span())
         if not self.send_baggage:
             headers.pop("baggage", None)
         return headers

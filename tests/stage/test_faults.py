@@ -484,13 +484,27 @@ def test_one_failing_sub_batch_fails_the_whole_call_and_the_stage_falls_back(
     requests = wm.requests("/part/rerank")
     bad_batch = [r for r in requests if "doc 2" in r["body"]]
     assert len(bad_batch) == bad_attempts, "the failing batch got exactly its retries"
-    if flavour == "sync":
-        # In order: the first batch answers, the second fails, the third is never sent.
-        assert len(requests) == 1 + bad_attempts
-    else:
-        # Concurrently: the other batches may or may not have reached WireMock before the
-        # failure cancelled them; either way nothing of theirs was returned.
-        assert bad_attempts <= len(requests) <= bad_attempts + 2
+    # Concurrently (both clients): the other batches may or may not have reached WireMock
+    # before the failure stopped them; either way nothing of theirs was returned.
+    assert bad_attempts <= len(requests) <= bad_attempts + 2
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_BATCHES))
+def test_one_at_a_time_a_failing_sub_batch_stops_the_batches_after_it(
+    wm: WireMock, spans: Spans, bad: str
+) -> None:
+    """With ``max_concurrency=1`` the sync client sends its batches in order: the first
+    answers, the second fails, the third is never sent."""
+    response, bad_attempts = BAD_BATCHES[bad]
+    stub_one_bad_batch(wm, "/part/rerank", response)
+    cands = candidates(5)
+    run = run_once(
+        "sync", spans, wm.url + "/part", cands,
+        batch_size=2, max_retries=1, timeout=DEADLINE, max_concurrency=1,
+    )  # fmt: skip
+    error = {"status": "RerankStatusError", "wrong-labels": "RerankProtocolError"}
+    assert_fell_back(run, cands, error.get(bad, "RerankTransportError"))
+    assert len(wm.requests("/part/rerank")) == 1 + bad_attempts
 
 
 # -- batch-size refusals -------------------------------------------------------------------
@@ -553,7 +567,10 @@ def test_batch_size_refusal_splits_once_and_is_remembered(
 def test_learned_cap_also_splits_the_batches_already_planned(wm: WireMock, spans: Spans) -> None:
     stub_refusing_batches_over_two(wm, "/capped/rerank", 413)
     cands = candidates(8)
-    run = run_once("sync", spans, wm.url + "/capped", cands, batch_size=4, timeout=DEADLINE)
+    # One request at a time, so the second batch of 4 is sent after the cap was learned.
+    run = run_once(
+        "sync", spans, wm.url + "/capped", cands, batch_size=4, timeout=DEADLINE, max_concurrency=1
+    )
     assert_every_candidate_once(run.outputs, cands)
     assert texts_per_request(wm, "/capped/rerank") == [4, 2, 2, 2, 2], (
         "the second batch of 4 goes out as two of 2, without a second refusal"

@@ -1,0 +1,289 @@
+"""The server's request span as a RERANKER span for callers without one, read back over OTLP.
+
+`create_app` runs on uvicorn in this process (the lexical reranker: no model to load) and
+exports its spans over OTLP/HTTP to a receiver on loopback (`tests.otlp_receivers`), once with
+the content flag off (the default) and once with ``trace_content`` on. Each test sends one
+request as a client would (a plain httpx call is curl: no trace context) and decodes the spans
+of that request's trace:
+
+- with no marker, the request span is the rerank's RERANKER span: the served model, top_k,
+  output documents best first whose ids are the input positions the response answered and whose
+  scores are the ones it answered; no query or text unless the flag is on;
+- with ``rstage=rr`` in ``tracestate`` (our client's marker) it stays a CHAIN, with no
+  ``reranker.*`` key;
+- every other server span (``GET /info``, ``rerank.batch``) is a CHAIN.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from retrieval_stage.server import ServerSettings, create_app
+from tests.otlp_receivers import HttpReceiver, http_receiver
+
+from .served import free_port
+from .test_traces import Exported, exported_spans
+
+uvicorn = pytest.importorskip("uvicorn")
+
+MODEL = "lexical-coverage-proximity"
+QUERY_MARKER = "QRYMARK2f7d"
+TEXT_MARKER = "TXTMARK9b41"
+QUERY = f"remove a directory tree {QUERY_MARKER}"
+# Out of order on purpose: the best text is not the first, so a span that listed documents by
+# response position instead of input index would name the wrong ones.
+TEXTS = [
+    f"json.dumps serializes an object {TEXT_MARKER}",
+    f"shutil.rmtree removes a directory tree and all its contents {TEXT_MARKER}",
+    f"pathlib.Path.unlink removes a file {TEXT_MARKER}",
+    f"os.rmdir removes an empty directory {TEXT_MARKER}",
+]
+EXPORT_WAIT_S = 30.0
+"""Generous: the span is exported right after the response, on a busy 2-core machine."""
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+@dataclass
+class App:
+    url: str
+    receiver: HttpReceiver
+
+
+@contextmanager
+def _run_app(receiver: HttpReceiver, settings: ServerSettings) -> Iterator[App]:
+    provider = TracerProvider(resource=Resource.create({"service.name": "retrieval-stage-server"}))
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=receiver.url + "/v1/traces"))
+    )
+    app = create_app(settings, tracer_provider=provider)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the in-process server did not start"
+        time.sleep(0.05)
+    try:
+        yield App(url, receiver)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        provider.shutdown()
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[HttpReceiver]:
+    with http_receiver() as found:
+        yield found
+
+
+@pytest.fixture(scope="module")
+def plain(receiver: HttpReceiver) -> Iterator[App]:
+    with _run_app(receiver, ServerSettings(reranker="lexical")) as app:
+        yield app
+
+
+@pytest.fixture(scope="module")
+def with_content(receiver: HttpReceiver) -> Iterator[App]:
+    with _run_app(receiver, ServerSettings(reranker="lexical", trace_content=True)) as app:
+        yield app
+
+
+@dataclass
+class Call:
+    reply: httpx.Response
+    spans: list[Exported]
+
+    def one(self, name: str) -> dict[str, Any]:
+        found = [s for s in self.spans if s.span.name == name]
+        assert len(found) == 1, [s.span.name for s in self.spans]
+        return found[0].attributes
+
+
+def _call(
+    app: App,
+    path: str,
+    body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    names: tuple[str, ...] = ("POST /rerank", "rerank.batch"),
+) -> Call:
+    """One request, and every span of its trace once `names` have all arrived."""
+    before = {s.span.span_id for s in exported_spans(app.receiver)}
+    if body is None:
+        reply = httpx.get(app.url + path, headers=headers or {}, timeout=30.0)
+    else:
+        reply = httpx.post(app.url + path, json=body, headers=headers or {}, timeout=30.0)
+    deadline = time.monotonic() + EXPORT_WAIT_S
+    while True:
+        new = [s for s in exported_spans(app.receiver) if s.span.span_id not in before]
+        request = [s for s in new if s.span.name == names[0]]
+        if request:
+            trace_id = request[0].span.trace_id
+            spans = [s for s in new if s.span.trace_id == trace_id]
+            if {s.span.name for s in spans} >= set(names):
+                return Call(reply, spans)
+        assert time.monotonic() < deadline, [s.span.name for s in new]
+        time.sleep(0.05)
+
+
+def _documents(attributes: dict[str, Any], which: str) -> list[dict[str, Any]]:
+    """The flattened ``reranker.<which>.<i>.document.*`` keys as one dict per position."""
+    prefix = f"reranker.{which}."
+    out: dict[int, dict[str, Any]] = {}
+    for key, value in attributes.items():
+        if key.startswith(prefix):
+            position, _, field = key[len(prefix) :].partition(".document.")
+            out.setdefault(int(position), {})[field] = value
+    assert sorted(out) == list(range(len(out))), sorted(out)
+    return [out[i] for i in range(len(out))]
+
+
+def _no_text(call: Call) -> None:
+    for exported in call.spans:
+        text = str(exported.span)
+        assert QUERY_MARKER not in text
+        assert TEXT_MARKER not in text
+
+
+def test_a_plain_call_makes_the_request_span_the_reranker_span(plain: App) -> None:
+    call = _call(plain, "/rerank", {"query": QUERY, "texts": TEXTS})
+    assert call.reply.status_code == 200
+    answered = call.reply.json()
+    assert answered[0]["index"] != 0, "the texts must be out of order for this test to bite"
+    server = call.one("POST /rerank")
+    assert server["openinference.span.kind"] == "RERANKER"
+    assert server["reranker.model_name"] == MODEL
+    assert server["reranker.top_k"] == len(TEXTS)
+    outputs = _documents(server, "output_documents")
+    assert outputs == [{"id": str(r["index"]), "score": r["score"]} for r in answered]
+    assert _documents(server, "input_documents") == []
+    assert "reranker.query" not in server
+    assert "input.value" not in server
+    _no_text(call)
+
+
+def test_the_batch_and_info_spans_are_chains(plain: App) -> None:
+    call = _call(plain, "/rerank", {"query": QUERY, "texts": TEXTS})
+    assert call.one("rerank.batch")["openinference.span.kind"] == "CHAIN"
+    info = _call(plain, "/info", names=("GET /info",))
+    assert info.reply.status_code == 200
+    assert info.one("GET /info")["openinference.span.kind"] == "CHAIN"
+
+
+def test_a_caller_with_its_own_reranker_span_keeps_the_request_span_a_chain(plain: App) -> None:
+    headers = {
+        "traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01",
+        "tracestate": "rstage=rr,vendor=opaque7",
+    }
+    call = _call(plain, "/rerank", {"query": QUERY, "texts": TEXTS}, headers)
+    assert call.reply.status_code == 200
+    assert {s.span.trace_id.hex() for s in call.spans} == {TRACE_ID}
+    server = call.one("POST /rerank")
+    assert server["openinference.span.kind"] == "CHAIN"
+    assert not [key for key in server if key.startswith("reranker.")]
+    assert server["retrieval_stage.documents"] == len(TEXTS)
+
+
+def test_a_traced_caller_without_the_marker_still_gets_a_reranker_span(plain: App) -> None:
+    # Another vendor's tracestate is not ours: only `rstage=rr` says the RERANKER span exists.
+    headers = {
+        "traceparent": f"00-{TRACE_ID}-00f067aa0ba902b8-01",
+        "tracestate": "vendor=opaque7,rstage=other",
+    }
+    call = _call(plain, "/rerank", {"query": QUERY, "texts": TEXTS}, headers)
+    assert call.one("POST /rerank")["openinference.span.kind"] == "RERANKER"
+
+
+def test_a_hosted_shape_lists_only_the_top_n_it_answered(plain: App) -> None:
+    body = {"model": MODEL, "query": QUERY, "documents": TEXTS, "top_n": 2}
+    call = _call(plain, "/v2/rerank", body, names=("POST /v2/rerank", "rerank.batch"))
+    assert call.reply.status_code == 200, call.reply.text
+    answered = call.reply.json()["results"]
+    server = call.one("POST /v2/rerank")
+    assert server["openinference.span.kind"] == "RERANKER"
+    assert server["reranker.top_k"] == 2
+    assert _documents(server, "output_documents") == [
+        {"id": str(r["index"]), "score": r["relevance_score"]} for r in answered
+    ]
+    _no_text(call)
+
+
+def test_a_refused_rerank_is_a_reranker_span_with_its_error_and_no_documents(plain: App) -> None:
+    call = _call(plain, "/rerank", {"query": QUERY, "texts": []}, names=("POST /rerank",))
+    assert call.reply.status_code == 400
+    server = call.one("POST /rerank")
+    assert server["openinference.span.kind"] == "RERANKER"
+    assert server["error.type"] == "Empty"
+    assert _documents(server, "output_documents") == []
+
+
+def test_the_content_flag_puts_the_query_and_the_texts_on_the_span(with_content: App) -> None:
+    call = _call(with_content, "/rerank", {"query": QUERY, "texts": TEXTS})
+    answered = call.reply.json()
+    server = call.one("POST /rerank")
+    assert server["openinference.span.kind"] == "RERANKER"
+    assert server["reranker.query"] == QUERY
+    assert server["input.value"] == QUERY
+    assert _documents(server, "input_documents") == [
+        {"id": str(i), "content": text} for i, text in enumerate(TEXTS)
+    ]
+    assert _documents(server, "output_documents") == [
+        {"id": str(r["index"]), "content": TEXTS[r["index"]], "score": r["score"]} for r in answered
+    ]
+    # The model batch under it still holds no text.
+    batch = next(s for s in call.spans if s.span.name == "rerank.batch")
+    assert TEXT_MARKER not in str(batch.span)
+
+
+def test_the_content_flag_puts_nothing_on_a_span_whose_caller_has_the_reranker(
+    with_content: App,
+) -> None:
+    headers = {"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b9-01", "tracestate": "rstage=rr"}
+    call = _call(with_content, "/rerank", {"query": QUERY, "texts": TEXTS}, headers)
+    assert call.one("POST /rerank")["openinference.span.kind"] == "CHAIN"
+    _no_text(call)
+
+
+def test_a_path_not_served_and_a_wrong_method_are_chains(plain: App) -> None:
+    unknown = _call(plain, "/scanner/probe", names=("GET",))
+    assert unknown.reply.status_code == 404
+    assert unknown.one("GET")["openinference.span.kind"] == "CHAIN"
+    wrong = _call(plain, "/rerank", names=("GET /rerank",))
+    assert wrong.reply.status_code == 405
+    assert wrong.one("GET /rerank")["openinference.span.kind"] == "CHAIN"
+
+
+def test_openinferences_hide_variables_mask_the_content_flags_texts(
+    receiver: HttpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENINFERENCE_HIDE_INPUTS", "true")
+    monkeypatch.setenv("OPENINFERENCE_HIDE_OUTPUTS", "true")
+    with _run_app(receiver, ServerSettings(reranker="lexical", trace_content=True)) as app:
+        call = _call(app, "/rerank", {"query": QUERY, "texts": TEXTS})
+        server = call.one("POST /rerank")
+        assert server["openinference.span.kind"] == "RERANKER"
+        assert server["reranker.top_k"] == len(TEXTS)
+        assert _documents(server, "input_documents") == []
+        assert _documents(server, "output_documents") == []
+        _no_text(call)
