@@ -7,7 +7,9 @@ untrained head, so the scores mean nothing, but every forward pass is the real m
 ``v2 --model-id DIR --engine torch``. Both are started first and stay loaded; then, for each
 concurrency (1, 8, 32 clients looping), the servers take turns round by round, so a change in
 the machine's load hits both. Each request is one query and 50 documents of about 60 words,
-in each server's own request shape, sent with raw httpx (no client library of ours in the way).
+in each server's own request shape, sent with raw httpx (no client library of ours in the way);
+each request's documents end with a number of its own, so no two requests share a text (ours
+embeds a text once per model batch, which identical requests would flatter).
 
 Reported per server and concurrency: requests per second and p50/p99 latency (median over
 rounds), and the ratios the issue's targets are stated in: our throughput over Infinity's at
@@ -292,10 +294,15 @@ async def _measure(servers: list[Server], scale: Plan) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=600.0, limits=limits) as http:
 
         def caller(server: Server) -> Callable[[], Awaitable[float]]:
-            payload = json.dumps(server.body(texts)).encode()
             headers = {"content-type": "application/json"}
+            calls = iter(range(1 << 62))
 
             async def call() -> float:
+                # Every request's documents differ from every other's (a number of its own at
+                # the end), as different queries' candidates do: a server that embeds a text
+                # once per batch must not be measured on 32 copies of one request.
+                n = next(calls)
+                payload = json.dumps(server.body([f"{t} {n}" for t in texts])).encode()
                 started = time.perf_counter()
                 reply = await http.post(server.url + server.path, content=payload, headers=headers)
                 reply.raise_for_status()
