@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -129,3 +130,37 @@ def start_server(
             yield served
         finally:
             served.stop()
+
+
+IN_PROCESS_START_S = 30.0
+"""How long an in-process app may take to answer ``/health`` (a lexical app takes well under a
+second; the margin is for a busy shared machine)."""
+
+
+@contextmanager
+def running_in_process(app: Any, wait: float = IN_PROCESS_START_S) -> Iterator[str]:
+    """`app` (`create_app`'s) on uvicorn in a thread of this process, on a free loopback
+    port, healthy; its URL. Stopped (``should_exit``, thread joined) afterwards."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + wait
+    try:
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the in-process server did not start"
+            time.sleep(0.05)
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout=wait)

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from retrieval_stage.server import ServerSettings, create_app
 from retrieval_stage.server.scorers import Group
 
-from .served import free_port
+from .served import running_in_process
 
 uvicorn = pytest.importorskip("uvicorn")
 
@@ -81,29 +81,14 @@ def serving(scorer: Any, **settings: Any) -> Iterator[tuple[str, InMemorySpanExp
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
     )
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the in-process server did not start"
-        time.sleep(0.05)
     try:
-        yield url, spans, reader
+        with running_in_process(app, WAIT_S) as url:
+            try:
+                yield url, spans, reader
+            finally:  # held requests go on before the server stops
+                scorer.hold_count.set()
+                scorer.hold_score.set()
     finally:
-        scorer.hold_count.set()
-        scorer.hold_score.set()
-        server.should_exit = True
-        thread.join(timeout=WAIT_S)
         tracer_provider.shutdown()
 
 

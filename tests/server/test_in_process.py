@@ -7,8 +7,6 @@ processor sees the caller's baggage in the context each server span and batch sp
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerPro
 
 from retrieval_stage.server import ServerSettings, create_app
 
-from .served import free_port
+from .served import running_in_process
 
 uvicorn = pytest.importorskip("uvicorn")
 
@@ -42,27 +40,10 @@ def in_process() -> Iterator[tuple[str, BaggageSeen]]:
     provider = TracerProvider()
     provider.add_span_processor(seen)
     app = create_app(ServerSettings(reranker="lexical"), tracer_provider=provider)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the in-process server did not start"
-        time.sleep(0.05)
     try:
-        yield url, seen
+        with running_in_process(app) as url:
+            yield url, seen
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
         provider.shutdown()
 
 

@@ -16,7 +16,6 @@ of that request's trace:
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,7 +32,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from retrieval_stage.server import ServerSettings, create_app
 from tests.otlp_receivers import HttpReceiver, http_receiver
 
-from .served import free_port
+from .served import running_in_process
 from .test_traces import Exported, exported_spans
 
 uvicorn = pytest.importorskip("uvicorn")
@@ -68,27 +67,10 @@ def _run_app(receiver: HttpReceiver, settings: ServerSettings) -> Iterator[App]:
         SimpleSpanProcessor(OTLPSpanExporter(endpoint=receiver.url + "/v1/traces"))
     )
     app = create_app(settings, tracer_provider=provider)
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "the in-process server did not start"
-        time.sleep(0.05)
     try:
-        yield App(url, receiver)
+        with running_in_process(app) as url:
+            yield App(url, receiver)
     finally:
-        server.should_exit = True
-        thread.join(timeout=30)
         provider.shutdown()
 
 
