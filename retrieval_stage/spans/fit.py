@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter, is_
+from typing import Any, NamedTuple
 
 from openinference.instrumentation import TraceConfig
 from openinference.semconv.trace import DocumentAttributes, RerankerAttributes
@@ -26,7 +27,14 @@ from . import otel_private
 from .content import cap_content, metadata_json
 from .keys import ATTR_INPUT_OMITTED, ATTR_OUTPUT_OMITTED
 
-__all__ = ["KEY_CACHE_BOUND", "fit_head", "outcome_attributes", "room"]
+__all__ = [
+    "KEY_CACHE_BOUND",
+    "DocumentsRecord",
+    "fit_head",
+    "outcome_attributes",
+    "outcome_plan",
+    "room",
+]
 
 KEY_CACHE_BOUND = 1024
 """Document positions whose attribute keys are precomputed; later ones are built per call."""
@@ -65,6 +73,14 @@ class _KeyTable:
             size = min(max(n, 2 * len(keys), 64), KEY_CACHE_BOUND)
             keys = tuple(self.build(i) for i in range(size))
             self.keys = keys
+        return keys
+
+    def cover(self, n: int) -> tuple[_Keys, ...]:
+        """At least the first n positions' keys: the table, and beyond its bound a longer
+        tuple made for this call."""
+        keys = self.upto(n)
+        if len(keys) < n:
+            keys = keys + tuple(self.build(i) for i in range(len(keys), n))
         return keys
 
 
@@ -107,39 +123,136 @@ def outcome_attributes(
     Every document value is built here as a str (capped text, metadata JSON) or taken from a
     checked number (a Candidate's recall score, a mapped rerank score), under our own keys:
     when `stats` is plain (`otel_private.plain_attributes`), so is the whole result."""
+    attributes, record = outcome_plan(
+        span,
+        stats,
+        candidates,
+        outputs,
+        config=config,
+        max_content_length=max_content_length,
+        output_content=output_content,
+    )
+    attributes.update(record.attributes())
+    return attributes
+
+
+def outcome_plan(
+    span: Span,
+    stats: Mapping[str, AttributeValue],
+    candidates: Sequence[Candidate],
+    outputs: Sequence[Reranked],
+    *,
+    config: TraceConfig,
+    max_content_length: int,
+    output_content: bool = True,
+) -> tuple[dict[str, AttributeValue], DocumentsRecord]:
+    """`outcome_attributes` in two parts: the head of `stats` that fits, and the documents
+    that fit after it as a `DocumentsRecord`, whose `attributes()` are the rest, in order.
+
+    Everything a document's attributes depend on is decided here, when the call ends: which
+    documents fit, the metadata JSON (a caller's mapping may change later), the key tables.
+    What is left (capping ids and texts, flattening) is a pure function of immutable values,
+    the same whenever it runs (`spans.deferred` runs it when the span is read)."""
     space = room(span)
     if space is None:
-        attributes = dict(stats)
-        _documents(
-            attributes, None, candidates, outputs, config, max_content_length, output_content
+        return dict(stats), _plan(
+            None, candidates, outputs, config, max_content_length, output_content
         )
-        return attributes
     attributes = dict(list(stats.items())[: max(space - _RESERVED, 0)])
     # Keys already on the span take no new room: looked up in the SDK's own dict, at C speed.
     existing = otel_private.span_attributes(span)
     used = len(attributes) - sum(map(existing.__contains__, attributes))
-    _documents(
-        attributes, space - used, candidates, outputs, config, max_content_length, output_content
+    return attributes, _plan(
+        space - used, candidates, outputs, config, max_content_length, output_content
     )
-    return attributes
 
 
-def _documents(
-    attributes: dict[str, AttributeValue],
+class DocumentsRecord(NamedTuple):
+    """A RERANKER span's documents as decided when the call ended, not yet flattened.
+
+    `attributes()` flattens them into the span's attributes: per kept input its capped id and
+    text, its recall score unless None and its metadata JSON unless None; per kept output its
+    capped id, its text (with `output_content`), its score unless None and its metadata JSON
+    unless None; then the omitted-document counts that fit. The record holds the caller's own
+    candidates (for the outputs, each output's candidate and score, not the `Reranked` objects,
+    which would otherwise live as long as the span) in lists of its own, and every value in
+    them is immutable, so the result is the same whenever it is computed. `bound` is at most
+    how many attributes that makes.
+    """
+
+    candidates: list[Candidate]
+    outputs: list[Any]
+    """Each kept output's candidate, then each one's score (None: none): two columns in one
+    list, one object for the garbage collector to walk while the span waits to be exported."""
+    max_bytes: int
+    output_content: bool
+    in_metas: list[str | None] | None
+    out_metas: list[str | None] | None
+    in_keys: tuple[_Keys, ...]
+    out_keys: tuple[_Keys, ...]
+    omitted: tuple[tuple[str, int], ...]
+    bound: int
+
+    def attributes(self) -> dict[str, AttributeValue]:
+        """The documents' attributes, in the order the span holds them.
+
+        Ids and texts are capped inline (`capped`'s test, then `cap_content` only for a long or
+        non-ASCII one): at ~200 per call the function calls alone were a tenth of the span's
+        cost (issue 26)."""
+        attributes: dict[str, AttributeValue] = {}
+        max_bytes = self.max_bytes
+        keys = self.in_keys
+        metas = self.in_metas
+        for i, c in enumerate(self.candidates):
+            k = keys[i]
+            text = c.id
+            attributes[k[0]] = (
+                text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
+            )
+            text = c.text
+            attributes[k[1]] = (
+                text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
+            )
+            if c.score is not None:
+                attributes[k[2]] = c.score
+            if metas is not None and (meta := metas[i]) is not None:
+                attributes[k[3]] = meta
+        output_content = self.output_content
+        outputs = self.outputs
+        n_out = len(outputs) // 2
+        keys = self.out_keys
+        metas = self.out_metas
+        for j in range(n_out):
+            c = outputs[j]
+            k = keys[j]
+            text = c.id
+            attributes[k[0]] = (
+                text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
+            )
+            if output_content:
+                text = c.text
+                attributes[k[1]] = (
+                    text
+                    if len(text) <= max_bytes and text.isascii()
+                    else cap_content(text, max_bytes)
+                )
+            if (score := outputs[n_out + j]) is not None:
+                attributes[k[2]] = score
+            if metas is not None and (meta := metas[j]) is not None:
+                attributes[k[3]] = meta
+        attributes.update(self.omitted)
+        return attributes
+
+
+def _plan(
     room: int | None,
     candidates: Sequence[Candidate],
     outputs: Sequence[Reranked],
     config: TraceConfig,
     max_bytes: int,
     output_content: bool,
-) -> None:
-    """Add the documents that fit in `room` more attributes (None: no limit) to `attributes`.
-
-    Ids and texts are capped inline (`capped`'s test, then `cap_content` only for a long or
-    non-ASCII one): at ~200 per call the function calls alone were a tenth of the span's cost
-    (issue 26). A capped id or text is the same wherever it is computed, so an output document
-    caps its own; only metadata JSON, which is dear, is computed once per input position.
-    """
+) -> DocumentsRecord:
+    """The documents that fit in `room` more attributes (None: no limit), as a record."""
     n_in = 0 if config.hide_inputs else len(candidates)
     n_out = 0 if config.hide_outputs else len(outputs)
     if room is None or 4 * (n_in + n_out) <= room - _RESERVED:
@@ -148,59 +261,83 @@ def _documents(
         kept_in, kept_out = _kept(
             candidates, outputs, n_in, n_out, room - _RESERVED, output_content
         )
-    start = len(attributes)
-    # Metadata JSON per input position (None: none), kept for the outputs among them.
-    metas: list[str | None] | None = None
-    keys = _INPUT_KEYS.upto(kept_in)
-    for i in range(kept_in):
-        c = candidates[i]
-        k = keys[i] if i < len(keys) else _INPUT_KEYS.build(i)
-        text = c.id
-        attributes[k[0]] = (
-            text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
-        )
-        text = c.text
-        attributes[k[1]] = (
-            text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
-        )
-        if c.score is not None:
-            attributes[k[2]] = c.score
-        if c.metadata:
-            if metas is None:
-                metas = [None] * len(candidates)
-            attributes[k[3]] = metas[i] = metadata_json(c.metadata, max_bytes)
-    keys = _OUTPUT_KEYS.upto(kept_out)
-    for j in range(kept_out):
-        r = outputs[j]
-        c = r.candidate
-        k = keys[j] if j < len(keys) else _OUTPUT_KEYS.build(j)
-        text = c.id
-        attributes[k[0]] = (
-            text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
-        )
-        if output_content:
-            text = c.text
-            attributes[k[1]] = (
-                text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
-            )
-        if r.score is not None:
-            attributes[k[2]] = r.score
-        if output_content and c.metadata:
-            i = r.input_index
-            meta = (
-                metas[i]
-                if metas is not None and 0 <= i < len(metas) and candidates[i] is c
-                else None
-            )
-            attributes[k[3]] = meta if meta is not None else metadata_json(c.metadata, max_bytes)
-    documents = len(attributes) - start
+    cands = candidates[:kept_in]  # a list's slice is a new list: the record's own
+    if type(cands) is not list:
+        cands = list(cands)
+    outs = outputs[:kept_out]
+    packed = list(map(_CANDIDATE, outs))
+    packed += map(_SCORE_OF, outs)
+    in_metas, out_metas = _metadata(candidates, cands, outs, max_bytes, output_content)
+    # At most four attributes a document; counted exactly where that bound is too loose to
+    # say whether the omitted counts fit after them.
+    bound = 4 * (kept_in + kept_out)
+    if room is not None and bound + _RESERVED > room:
+        bound = _documents_size(cands, packed[kept_out:], in_metas, out_metas, output_content)
+    omitted: tuple[tuple[str, int], ...] = ()
     for key, count in (
         (ATTR_INPUT_OMITTED, n_in - kept_in),
         (ATTR_OUTPUT_OMITTED, n_out - kept_out),
     ):
-        if count and (room is None or documents < room):
-            attributes[key] = count
-            documents += 1
+        if count and (room is None or bound + len(omitted) < room):
+            omitted += ((key, count),)
+    return DocumentsRecord(
+        cands,
+        packed,
+        max_bytes,
+        output_content,
+        in_metas,
+        out_metas,
+        _INPUT_KEYS.cover(kept_in),
+        _OUTPUT_KEYS.cover(kept_out),
+        omitted,
+        bound + len(omitted),
+    )
+
+
+def _documents_size(
+    cands: list[Candidate],
+    out_scores: list[float | None],
+    in_metas: list[str | None] | None,
+    out_metas: list[str | None] | None,
+    output_content: bool,
+) -> int:
+    """How many attributes `DocumentsRecord.attributes` makes of these documents."""
+    size = 2 * len(cands) + sum(c.score is not None for c in cands)
+    size += (2 if output_content else 1) * len(out_scores)
+    size += len(out_scores) - out_scores.count(None)
+    for metas in (in_metas, out_metas):
+        if metas is not None:
+            size += len(metas) - metas.count(None)
+    return size
+
+
+def _metadata(
+    candidates: Sequence[Candidate],
+    cands: list[Candidate],
+    outs: Sequence[Reranked],
+    max_bytes: int,
+    output_content: bool,
+) -> tuple[list[str | None] | None, list[str | None] | None]:
+    """The metadata JSON of each kept input and (with `output_content`) output that has
+    metadata, None for one that has none; a list None when none has any. An output that is
+    the kept input at its `input_index` takes that input's JSON: it is computed once."""
+    in_metas: list[str | None] | None = None
+    if any(map(_METADATA_OF, cands)):
+        in_metas = [metadata_json(c.metadata, max_bytes) if c.metadata else None for c in cands]
+    out_metas: list[str | None] | None = None
+    if output_content and any(map(_METADATA_OF, map(_CANDIDATE, outs))):
+        out_metas = []
+        for r in outs:
+            c = r.candidate
+            meta: str | None = None
+            if c.metadata:
+                i = r.input_index
+                if in_metas is not None and 0 <= i < len(in_metas) and candidates[i] is c:
+                    meta = in_metas[i]
+                if meta is None:
+                    meta = metadata_json(c.metadata, max_bytes)
+            out_metas.append(meta)
+    return in_metas, out_metas
 
 
 def _kept(

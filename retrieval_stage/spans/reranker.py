@@ -4,7 +4,8 @@
 (current while the reranker runs) with its identity set at start, so no attribute limit can
 evict it (`fit`), then OpenInference's context attributes that fit. The `RerankerSpan` it yields
 takes the call's outcome in one step: `succeeded`, `fell_back`, `raised` or `cancelled`, which
-write the outcome, the output value and the documents (`fit.outcome_attributes`), masked by the
+write the outcome, the output value and the documents (`fit.outcome_plan`; the documents as a
+record the span flattens when it is read, `deferred`), masked by the
 stage's `TraceConfig` (``OPENINFERENCE_HIDE_INPUTS``/``_OUTPUTS``). Under OpenTelemetry's
 suppression key or OpenInference's `suppress_tracing` no span is made and every method is a
 no-op. Keys come from `openinference-semantic-conventions`, never typed by hand.
@@ -41,7 +42,8 @@ from .._version import __version__
 from ..models import Candidate, Reranked, Usage
 from ..validate import InvalidSetting, env_flag
 from .content import DEFAULT_MAX_CONTENT_BYTES, cap_content, output_value
-from .fit import fit_head, outcome_attributes
+from .deferred import defer, defer_from_env
+from .fit import fit_head, outcome_plan
 from .genai import error_type, genai_opted_in
 from .keys import (
     ATTR_BATCHES,
@@ -174,6 +176,9 @@ class RerankerSpans:
         self.genai = genai_opted_in() if genai is None else genai
         """Whether spans carry OpenTelemetry's GenAI names (`genai`): given, else the
         environment's ``OTEL_SEMCONV_STABILITY_OPT_IN`` as it was when this was built."""
+        self.defer_documents = defer_from_env()
+        """Whether a span's documents stay a record until the span is read (`deferred`):
+        ``RETRIEVAL_STAGE_DEFER_DOCUMENTS`` as it was when this was built, default yes."""
         self._tracer = trace.get_tracer(
             "retrieval_stage", __version__, tracer_provider=tracer_provider
         )
@@ -407,21 +412,20 @@ class RerankerSpan:
                 mime_type = config.mask(SpanAttributes.OUTPUT_MIME_TYPE, _JSON)
                 if mime_type is not None:
                     stats[SpanAttributes.OUTPUT_MIME_TYPE] = mime_type
-            set_span_attributes(
+            head, documents = outcome_plan(
                 self.span,
-                outcome_attributes(
-                    self.span,
-                    stats,
-                    self._candidates,
-                    () if outputs is None or fell_back else outputs,
-                    config=config,
-                    max_content_length=writer.max_content_length,
-                    output_content=writer.output_content,
-                ),
-                # The documents are plain by construction (`outcome_attributes`): only the
-                # outcome's own few values need checking.
-                vouched=plain_attributes(stats),
+                stats,
+                self._candidates,
+                () if outputs is None or fell_back else outputs,
+                config=config,
+                max_content_length=writer.max_content_length,
+                output_content=writer.output_content,
             )
+            set_span_attributes(self.span, head, vouched=plain_attributes(stats))
+            # The documents stay a record until the span is read (`deferred`), or are written
+            # now; either way they are plain by construction (`fit.DocumentsRecord`).
+            if not (writer.defer_documents and defer(self.span, documents)):
+                set_span_attributes(self.span, documents.attributes(), vouched=True)
         except Exception as exc:  # pragma: no cover - defensive; see test_stage
             log.warning("rerank.span_attributes_failed", caused_by=type(exc).__name__)
 

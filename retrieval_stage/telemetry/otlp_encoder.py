@@ -13,21 +13,44 @@ Anything it does not handle the way the SDK does (a value type it does not know,
 a lone surrogate, an integer outside int64, an exception anywhere) raises inside
 `encode_spans_fast`; `serialize_spans` then encodes the whole batch with the SDK instead, so a
 span is never dropped or corrupted by this module.
+
+Where the package was built with its C loops (`_otlp_speedups`, an optional extension that
+`pip install` compiles when a C compiler is there), every attribute mapping is written by
+them, and a RERANKER span whose documents are still a record (`spans.deferred`) has them
+written straight from the record, never flattened; they write the same bytes as the Python
+loops below, which run where the extension is missing or ``RETRIEVAL_STAGE_OTLP_SPEEDUPS=0``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from struct import Struct
+from types import ModuleType
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-__all__ = ["UnsupportedValue", "encode_spans_fast", "sdk_serialize_spans", "serialize_spans"]
+from ..models import Candidate
+from ..spans.content import cap_content
+from ..spans.deferred import snapshot
+from ..validate import InvalidSetting, env_flag
+
+__all__ = [
+    "SPEEDUPS_ENV",
+    "UnsupportedValue",
+    "encode_spans_fast",
+    "sdk_serialize_spans",
+    "serialize_spans",
+    "speedups",
+]
 
 _logger = logging.getLogger(__name__)
+
+SPEEDUPS_ENV = "RETRIEVAL_STAGE_OTLP_SPEEDUPS"
+"""``0``: the encoder runs its Python loops even where the C ones were built (read at import)."""
 
 _DOUBLE = Struct("<d").pack
 _FIXED64 = Struct("<Q").pack
@@ -274,6 +297,11 @@ def _attributes(parts: _Parts, tag: bytes, attributes: Mapping[str, Any] | None)
         copied: Mapping[str, Any] = attributes.copy()  # type: ignore[attr-defined]
     except AttributeError:
         copied = dict(attributes)
+    if _c is not None:
+        if type(copied) is not dict:
+            copied = dict(copied)
+        parts.append(_c.attributes(tag, copied, _c_key_cache(tag)))
+        return
     entries = _entries(tag, list(copied))
     values = copied.values()
     start = len(parts)
@@ -315,6 +343,37 @@ def _attributes(parts: _Parts, tag: bytes, attributes: Mapping[str, Any] | None)
             _attribute(parts, tag, entry, value)
 
 
+def _span_attributes(parts: _Parts, span: ReadableSpan) -> None:
+    """Span.attributes (field 9). A span whose documents are still a record (`spans.deferred`)
+    has them written by the C loops straight from it, after the attributes stored before them
+    and followed by the omitted counts: the order `DocumentsRecord.attributes` gives them."""
+    if _c is not None:
+        held = snapshot(getattr(span, "_attributes", None))
+        if held is not None:
+            head, record = held
+            cache = _c_key_cache(b"\x4a")
+            parts.append(_c.attributes(b"\x4a", head, cache))
+            parts.append(
+                _c.documents(
+                    b"\x4a",
+                    cache,
+                    record.in_keys,
+                    record.out_keys,
+                    record.candidates,
+                    record.outputs,
+                    record.max_bytes,
+                    record.output_content,
+                    cap_content,
+                    record.in_metas,
+                    record.out_metas,
+                )
+            )
+            if record.omitted:
+                parts.append(_c.attributes(b"\x4a", dict(record.omitted), cache))
+            return
+    _attributes(parts, b"\x4a", span.attributes)
+
+
 def _attributes_bytes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
     parts: _Parts = []
     _attributes(parts, tag, attributes)
@@ -343,8 +402,10 @@ def _message_field(out: bytearray, tag: bytes, body: bytes | bytearray) -> None:
     out += body
 
 
-def _span(span: ReadableSpan) -> bytes:
-    """The body of one Span message (trace.proto), fields in ascending number order."""
+def _span_parts(span: ReadableSpan) -> _Parts:
+    """The body of one Span message (trace.proto), fields in ascending number order, in
+    pieces: they are joined once, with the whole request, so a RERANKER span's ~48 KB are not
+    copied once more per span."""
     out = bytearray()
     context = span.get_span_context()
     if context is None:
@@ -371,7 +432,7 @@ def _span(span: ReadableSpan) -> bytes:
         out += b"\x41"
         out += _FIXED64(end)
     parts: _Parts = [out]
-    _attributes(parts, b"\x4a", span.attributes)
+    _span_attributes(parts, span)
     out = bytearray()
     parts.append(out)
     _uint32_field(out, b"\x50", span.dropped_attributes)
@@ -392,7 +453,7 @@ def _span(span: ReadableSpan) -> bytes:
         _message_field(out, b"\x7a", body)
     out += b"\x85\x01"
     out += _FLAGS_REMOTE if parent and parent.is_remote else _FLAGS_LOCAL
-    return b"".join(parts)
+    return parts
 
 
 def _event(event: Any) -> bytearray:
@@ -488,6 +549,12 @@ class _Grouping:
         return type(other) is _Grouping and bool(self.value == other.value)
 
 
+_SPAN_PARTS_KEPT = 16
+"""A span in at most this many pieces (the C loops write its attributes in one to three) is
+joined only with the request; one in more (~4 per attribute from the Python loops) is joined on
+its own first, so a batch does not keep hundreds of thousands of small pieces alive at once."""
+
+
 def encode_spans_fast(spans: Sequence[ReadableSpan]) -> bytes:
     """The serialised ExportTraceServiceRequest for `spans`; raises on anything unhandled.
 
@@ -498,7 +565,7 @@ def encode_spans_fast(spans: Sequence[ReadableSpan]) -> bytes:
     canonical: dict[int, Any] = {}
     resource_classes: dict[_Grouping, Any] = {}
     scope_classes: dict[_Grouping, Any] = {}
-    groups: dict[int, dict[int, list[bytes]]] = {}
+    groups: dict[int, dict[int, list[_Parts]]] = {}
     keys: dict[int, Any] = {}
     for span in spans:
         resource = span.resource
@@ -513,7 +580,10 @@ def encode_spans_fast(spans: Sequence[ReadableSpan]) -> bytes:
             canonical[id(scope)] = scope_key
         keys[id(resource_key)] = resource_key
         keys[id(scope_key)] = scope_key
-        groups.setdefault(id(resource_key), {}).setdefault(id(scope_key), []).append(_span(span))
+        parts = _span_parts(span)
+        if len(parts) > _SPAN_PARTS_KEPT:  # the Python loops' many small pieces: join them now
+            parts = [b"".join(parts)]
+        groups.setdefault(id(resource_key), {}).setdefault(id(scope_key), []).append(parts)
 
     chunks: list[bytes | bytearray] = []
     for resource_id, scopes in groups.items():
@@ -525,8 +595,8 @@ def encode_spans_fast(spans: Sequence[ReadableSpan]) -> bytes:
             scope = keys[scope_id]
             scope_chunks: list[bytes | bytearray] = [_cached(_scope_cache, scope, _scope_field)]
             for body in encoded_spans:
-                scope_chunks.append(b"\x12" + _varint(len(body)))
-                scope_chunks.append(body)
+                scope_chunks.append(b"\x12" + _varint(sum(map(len, body))))
+                scope_chunks.extend(body)
             if scope is not None and scope.schema_url:
                 tail = bytearray()
                 _string_field(tail, b"\x1a", scope.schema_url)
@@ -541,6 +611,40 @@ def encode_spans_fast(spans: Sequence[ReadableSpan]) -> bytes:
         chunks.append(b"\x0a" + _varint(sum(map(len, resource_chunks))))
         chunks.extend(resource_chunks)
     return b"".join(chunks)
+
+
+def _load_speedups() -> ModuleType | None:
+    """The C loops, set up, or None where they were not built or `SPEEDUPS_ENV` is ``0``."""
+    try:
+        wanted = env_flag(SPEEDUPS_ENV)
+    except InvalidSetting:
+        _logger.warning("ignoring %s=%r: expected 0 or 1", SPEEDUPS_ENV, os.environ[SPEEDUPS_ENV])
+        wanted = None
+    if wanted is False:
+        return None
+    try:
+        from . import _otlp_speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    _otlp_speedups.setup(_any_value, UnsupportedValue, Candidate)
+    module: ModuleType = _otlp_speedups
+    return module
+
+
+_c: Any = _load_speedups()
+
+speedups: bool = _c is not None
+"""Whether the C loops write the attributes (the bytes are the same either way)."""
+
+_c_key_caches: dict[bytes, dict[str, bytes]] = {}
+"""Per field tag: each key's KeyValue head, made and kept by the C loops (bounded there)."""
+
+
+def _c_key_cache(tag: bytes) -> dict[str, bytes]:
+    cache = _c_key_caches.get(tag)
+    if cache is None:
+        cache = _c_key_caches[tag] = {}
+    return cache
 
 
 def sdk_serialize_spans(spans: Sequence[ReadableSpan]) -> bytes:

@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -30,6 +31,7 @@ from retrieval_stage import (
     RerankTransportError,
 )
 from retrieval_stage.client import codec
+from retrieval_stage.spans.deferred import DEFER_ENV, DeferredAttributes
 
 from ..conftest import WireMock
 from ..fakes import AsyncByLength, ByLength, Failing
@@ -46,16 +48,16 @@ def by_length(fail: bool = False) -> ByLength | Failing:
 
 @pytest.fixture
 def doc_attribute_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count calls of `outcome_attributes` (the end-of-call attributes, documents included),
-    under both names the stage could reach it by."""
+    """Count calls of `outcome_plan` (the end-of-call attributes, the documents' record
+    included) under the name the stage reaches it by."""
     calls: list[int] = []
-    real = fit_module.outcome_attributes
+    real = fit_module.outcome_plan
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(reranker_spans, "outcome_attributes", counting)
+    monkeypatch.setattr(reranker_spans, "outcome_plan", counting)
     return calls
 
 
@@ -215,12 +217,35 @@ def set_attributes_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.mark.parametrize("fail", [False, True], ids=["ok", "fallback"])
-def test_a_recording_span_gets_its_end_attributes_in_one_call(
-    set_attributes_calls: list[int], recording: TracerProvider, fail: bool
+def test_a_recording_span_gets_its_outcome_in_one_call_and_its_documents_as_a_record(
+    set_attributes_calls: list[int], fail: bool
 ) -> None:
-    RerankStage(by_length(fail), tracer_provider=recording).run("q", fifty())
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    RerankStage(by_length(fail), tracer_provider=provider).run("q", fifty())
     (size,) = set_attributes_calls
-    assert size > 50  # the outcome and the documents together
+    assert size < 20  # the outcome alone
+    (span,) = exporter.get_finished_spans()
+    assert type(span._attributes) is DeferredAttributes  # nothing has read the span yet
+    attributes = span.attributes or {}
+    assert attributes["reranker.input_documents.0.document.id"] == "doc-0"  # 128 attributes:
+    assert attributes["retrieval_stage.input_documents.omitted"] > 0  # not all of them fit
+    assert type(span._attributes) is BoundedAttributes
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["ok", "fallback"])
+def test_with_deferring_off_the_documents_follow_the_outcome_in_one_more_call(
+    set_attributes_calls: list[int],
+    recording: TracerProvider,
+    fail: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(DEFER_ENV, "0")
+    RerankStage(by_length(fail), tracer_provider=recording).run("q", fifty())
+    outcome, documents = set_attributes_calls
+    assert outcome < 20
+    assert documents >= 100  # 50 inputs of id, text and score at least
 
 
 def test_document_keys_past_the_precomputed_bound_name_their_position() -> None:

@@ -224,7 +224,7 @@ def test_the_documents_are_what_the_plain_way_writes(
     cfg = config(*hide)
     ours: dict[str, Any] = dict(stats)
     theirs: dict[str, Any] = dict(stats)
-    fit._documents(ours, room, cands, outputs, cfg, max_bytes, output_content)
+    ours.update(fit._plan(room, cands, outputs, cfg, max_bytes, output_content).attributes())
     plain_documents(theirs, room, cands, outputs, cfg, max_bytes, output_content)
     assert list(ours.items()) == list(theirs.items())
 
@@ -306,7 +306,7 @@ def test_an_output_that_is_not_the_input_at_its_position_gets_its_own_metadata()
     stranger = Candidate("s", "z", None, {"of": "stranger"})
     outputs = [Reranked(stranger, 0.9, 0), Reranked(cands[1], 0.5, 1)]
     attributes: dict[str, Any] = {}
-    fit._documents(attributes, None, cands, outputs, TraceConfig(), 2000, True)
+    attributes.update(fit._plan(None, cands, outputs, TraceConfig(), 2000, True).attributes())
     assert attributes["reranker.output_documents.0.document.metadata"] == '{"of": "stranger"}'
     assert attributes["reranker.output_documents.1.document.metadata"] == '{"of": "b"}'
 
@@ -342,7 +342,7 @@ def test_metadata_json_is_computed_once_for_a_document_in_both_lists(
     cands = [Candidate(f"d{i}", "t", None, {"n": i}) for i in range(3)]
     outputs = [Reranked(cands[i], 0.5, i) for i in (2, 0, 1)]
     attributes: dict[str, Any] = {}
-    fit._documents(attributes, None, cands, outputs, TraceConfig(), 2000, True)
+    attributes.update(fit._plan(None, cands, outputs, TraceConfig(), 2000, True).attributes())
     assert len(calls) == 3
     assert attributes["reranker.output_documents.0.document.metadata"] == '{"n": 2}'
 

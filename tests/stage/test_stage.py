@@ -301,7 +301,7 @@ def test_not_recording_span_builds_no_document_attributes(
     calls: list[Any] = []
     import retrieval_stage.spans.reranker as reranker_spans
 
-    monkeypatch.setattr(reranker_spans, "outcome_attributes", lambda *a, **k: calls.append(a) or {})
+    monkeypatch.setattr(reranker_spans, "outcome_plan", lambda *a, **k: calls.append(a) or {})
     provider = TracerProvider(sampler=ALWAYS_OFF)
     reranker = ByLength()
     out = RerankStage(reranker, tracer_provider=provider).run("q", fifty())

@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import inspect
 import math
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -63,9 +64,23 @@ def recorded(
     return provider, exporter
 
 
+@pytest.fixture(autouse=True, params=["c", "python"])
+def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs twice: the encoder with its C loops, and with its Python ones."""
+    if request.param == "python":
+        monkeypatch.setattr(otlp_encoder, "_c", None)
+    elif otlp_encoder._c is None:
+        pytest.skip("the C loops are not built here: see test_the_c_loops_are_built")
+    return str(request.param)
+
+
 def assert_identical(spans: Sequence[ReadableSpan]) -> bytes:
-    """The fast encoder's bytes equal the SDK's, with no fallback involved."""
+    """The fast encoder's bytes equal the SDK's, with no fallback involved: first as the
+    exporter meets the spans (a RERANKER span's documents still a record), then again once
+    the SDK's encoder has read them (flattened)."""
+    first = encode_spans_fast(spans)
     expected = sdk_serialize_spans(spans)
+    assert first == expected
     assert encode_spans_fast(spans) == expected
     return expected
 
@@ -149,7 +164,11 @@ TIGHT = SpanLimits(
     max_examples=150,
     derandomize=True,
     deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,  # `loops`: set once per test, not per example
+    ],
 )
 @given(
     resources=st.lists(RESOURCES, min_size=1, max_size=2),
@@ -317,8 +336,10 @@ def test_repeated_batches_reuse_cached_resource_and_scope_bytes_correctly() -> N
 # -- fallback: what the fast encoder leaves to the SDK ----------------------------------------
 
 
-def one_span(attributes: dict[str, Any], name: str = "s") -> Sequence[ReadableSpan]:
-    provider, exporter = recorded()
+def one_span(
+    attributes: dict[str, Any], name: str = "s", limits: SpanLimits | None = None
+) -> Sequence[ReadableSpan]:
+    provider, exporter = recorded(limits=limits)
     provider.get_tracer("t").start_span(name, attributes=attributes).end()
     return exporter.get_finished_spans()
 
@@ -361,10 +382,10 @@ def test_an_exception_inside_the_fast_encoder_falls_back_to_the_sdk(
 ) -> None:
     spans = one_span({"k": "v"})
 
-    def broken(span: ReadableSpan) -> bytearray:
+    def broken(span: ReadableSpan) -> list[bytes]:
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(otlp_encoder, "_span", broken)
+    monkeypatch.setattr(otlp_encoder, "_span_parts", broken)
     assert serialize_spans(spans) == sdk_serialize_spans(spans)
 
 
@@ -434,6 +455,7 @@ def test_key_sequences_of_one_length_that_differ_are_not_confused() -> None:
 def test_more_key_sequences_than_remembered_layouts_encode_identically(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(otlp_encoder, "_c", None)  # the layouts are the Python loops'
     monkeypatch.setattr(otlp_encoder, "_layouts", {})
     remembered = otlp_encoder._LAYOUTS_PER_TAG
     for _ in range(2):
@@ -666,16 +688,45 @@ def test_sdk_export_is_the_one_the_fast_exporter_mirrors() -> None:
 
 
 def test_output_stays_identical_when_the_key_cache_overflows(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, loops: str
 ) -> None:
-    monkeypatch.setattr(otlp_encoder, "_KEY_CACHE_LIMIT", 3)
-    monkeypatch.setattr(otlp_encoder, "_key_caches", {})
-    monkeypatch.setattr(otlp_encoder, "_layouts", {})
-    spans = one_span({f"k{i}": (1.5 if i % 2 else "v") for i in range(10)})
+    if loops == "c":  # the C loops' bound is compiled in: go past it
+        monkeypatch.setattr(otlp_encoder, "_c_key_caches", {})
+        limit = C_KEY_CACHE_LIMIT
+        spans = one_span(
+            {f"k{i}": (1.5 if i % 2 else "v") for i in range(limit + 10)},
+            limits=SpanLimits(max_span_attributes=limit + 10),
+        )
+        caches = otlp_encoder._c_key_caches
+    else:
+        monkeypatch.setattr(otlp_encoder, "_KEY_CACHE_LIMIT", 3)
+        monkeypatch.setattr(otlp_encoder, "_key_caches", {})
+        monkeypatch.setattr(otlp_encoder, "_layouts", {})
+        limit = 3
+        spans = one_span({f"k{i}": (1.5 if i % 2 else "v") for i in range(10)})
+        caches = otlp_encoder._key_caches
     assert_identical(spans)
     assert_identical(spans)  # again, with the keys the overflow left in the cache
-    (cache,) = otlp_encoder._key_caches.values()
-    assert 0 < len(cache) <= 3
+    (cache,) = caches.values()
+    assert 0 < len(cache) <= limit
+
+
+C_KEY_CACHE_LIMIT = 8192
+"""KEY_CACHE_LIMIT in _otlp_speedups.c: keys remembered per field tag."""
+
+
+def test_the_c_loops_are_built() -> None:
+    """`pip install` compiles them wherever a C compiler and Python's headers are found (this
+    project's machines and CI have both); an install without them would run every traced
+    call's encoding several times slower, unnoticed. RETRIEVAL_STAGE_OTLP_SPEEDUPS=0 runs the
+    Python loops on purpose."""
+    if os.environ.get(otlp_encoder.SPEEDUPS_ENV, "").strip() == "0":
+        assert not otlp_encoder.speedups
+    else:
+        assert otlp_encoder.speedups, (
+            "retrieval_stage.telemetry._otlp_speedups is not built: reinstall with a C compiler "
+            "and Python's headers (pip install -e . shows the compiler's error)"
+        )
 
 
 def test_configure_tracing_with_the_fast_exporter_delivers_the_reranker_span(

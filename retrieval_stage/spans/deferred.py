@@ -1,0 +1,165 @@
+"""A RERANKER span's documents held as one record until something reads them (issue 38).
+
+A 50-document call ends with ~300 document attributes (OpenInference flattens each document
+into its own keys, and Phoenix reads nothing else). Building and storing them on the caller's
+thread cost more than the rest of the span; encoding them cost as much again. Here the span's
+attribute store keeps the call's `fit.DocumentsRecord` instead, and:
+
+- anything that reads or writes the span's attributes (`span.attributes`, ``len``, iteration,
+  ``set_attribute``, ``to_json``, a copy, any span processor or exporter) finds them flattened,
+  exactly as the eager path would have stored them: the first such access flattens the record
+  into the SDK's own dict, once, under the store's lock, and the store is a plain
+  `BoundedAttributes` again from then on;
+- our OTLP encoder (`telemetry.otlp_encoder`, with its C loops) reads `snapshot` instead and
+  writes the documents' bytes straight from the record, so they are never flattened at all.
+
+How it is done: the span's `BoundedAttributes` object changes class, to `DeferredAttributes`
+(the same layout plus the record), so every reference to the store, the SDK's own
+`ReadableSpan` included, sees the deferred behaviour, and changes back when flattened. This is
+one more private write into the SDK (listed in docs/architecture.md with the test that pins
+it); `defer` does it only where the result is provably the same as the eager write: an SDK
+span that is still recording, whose store is exactly a `BoundedAttributes` with no value-length
+limit and room for every document, and none of whose keys is a document key. Everywhere else
+(and with ``RETRIEVAL_STAGE_DEFER_DOCUMENTS=0``) the documents are written at once.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.trace import Span
+from opentelemetry.util.types import AttributeValue
+
+from .._log import get_logger
+from ..validate import InvalidSetting, env_flag
+from .fit import DocumentsRecord
+from .keys import ATTR_INPUT_OMITTED, ATTR_OUTPUT_OMITTED
+
+__all__ = ["DEFER_ENV", "DeferredAttributes", "defer", "defer_from_env", "snapshot"]
+
+log = get_logger("retrieval_stage.spans")
+
+DEFER_ENV = "RETRIEVAL_STAGE_DEFER_DOCUMENTS"
+"""``0``/``false``/``no``/``off``: a RERANKER span's documents are written when the call ends."""
+
+_DOCUMENT_PREFIXES = (
+    "reranker.input_documents.",
+    "reranker.output_documents.",
+    ATTR_INPUT_OMITTED,
+    ATTR_OUTPUT_OMITTED,
+)
+"""What the keys a record flattens to begin with (OpenInference's two document lists and our
+omitted counts): a span already holding such a key is written eagerly."""
+
+
+def defer_from_env() -> bool:
+    """Whether documents are deferred when the writer does not say (`DEFER_ENV`, default yes);
+    an unparseable value is logged and the default kept."""
+    try:
+        value = env_flag(DEFER_ENV)
+    except InvalidSetting:
+        log.warning(
+            "rerank.config_invalid", variable=DEFER_ENV, value=os.environ.get(DEFER_ENV, "")
+        )
+        return True
+    return True if value is None else value
+
+
+class DeferredAttributes(BoundedAttributes):
+    """A span's `BoundedAttributes` whose tail is still a `DocumentsRecord`.
+
+    Every method flattens the record first (`_flatten`), then does what `BoundedAttributes`
+    does; the Mapping methods it inherits all go through these.
+    """
+
+    _record: DocumentsRecord
+
+    def _flatten(self) -> None:
+        with self._lock:
+            if type(self) is DeferredAttributes:
+                self._dict.update(self._record.attributes())
+                del self._record
+                self.__class__ = BoundedAttributes  # type: ignore[assignment]
+
+    # Each method names `BoundedAttributes` itself, not super(): once flattened, `self` is
+    # a plain BoundedAttributes, which a zero-argument super() in this class would refuse.
+
+    def __repr__(self) -> str:
+        self._flatten()
+        return BoundedAttributes.__repr__(self)
+
+    def __getitem__(self, key: str) -> AttributeValue:
+        self._flatten()
+        return BoundedAttributes.__getitem__(self, key)
+
+    def __setitem__(self, key: str, value: AttributeValue) -> None:
+        self._flatten()
+        BoundedAttributes.__setitem__(self, key, value)
+
+    def _set_items(self, attributes: Any) -> None:
+        self._flatten()
+        BoundedAttributes._set_items(self, attributes)
+
+    def __delitem__(self, key: str) -> None:
+        self._flatten()
+        BoundedAttributes.__delitem__(self, key)
+
+    def __iter__(self) -> Any:
+        self._flatten()
+        return BoundedAttributes.__iter__(self)  # type: ignore[no-untyped-call]
+
+    def __len__(self) -> int:
+        self._flatten()
+        return BoundedAttributes.__len__(self)
+
+    def __contains__(self, key: object) -> bool:
+        self._flatten()
+        return BoundedAttributes.__contains__(self, key)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> BoundedAttributes:
+        self._flatten()
+        return BoundedAttributes.__deepcopy__(self, memo)
+
+    def copy(self) -> Any:
+        self._flatten()
+        return BoundedAttributes.copy(self)
+
+
+def defer(span: Span, record: DocumentsRecord) -> bool:
+    """Keep `record` as the tail of `span`'s attributes; False (nothing done) where that could
+    differ from ``set_attributes(record.attributes())``: the caller then writes them."""
+    if not (record.candidates or record.outputs):
+        return False  # nothing worth deferring
+    bounded = getattr(span, "_attributes", None)
+    if not (
+        isinstance(span, SdkSpan)
+        and type(bounded) is BoundedAttributes
+        and bounded.max_value_len is None
+    ):
+        return False
+    with span._lock:
+        if span._end_time is not None:
+            return False
+        with bounded._lock:
+            stored = bounded._dict
+            if bounded.maxlen is not None and len(stored) + record.bound > bounded.maxlen:
+                return False
+            if any(key.startswith(_DOCUMENT_PREFIXES) for key in stored):
+                return False
+            bounded._record = record  # type: ignore[attr-defined]
+            bounded.__class__ = DeferredAttributes
+    return True
+
+
+def snapshot(attributes: object) -> tuple[dict[str, Any], DocumentsRecord] | None:
+    """For a store `defer` made: its flattened head (a copy) and its record, taken together
+    under its lock; None for any other store, or one already flattened."""
+    if type(attributes) is not DeferredAttributes:
+        return None
+    with attributes._lock:
+        if type(attributes) is not DeferredAttributes:
+            return None
+        return attributes._dict.copy(), attributes._record
