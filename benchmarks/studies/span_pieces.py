@@ -65,7 +65,7 @@ def _knockouts() -> dict[str, tuple[Any, str, Any]]:
     from retrieval_stage import stage
     from retrieval_stage.spans import fit, reranker
 
-    empty = fit.DocumentsRecord([], [], 2000, True, None, None, (), (), (), 0)
+    empty = fit.DocumentsRecord([], 0, 2000, True, None, None, (), (), (), 0)
     return {
         "the documents' record planned (fit._plan)": (fit, "_plan", lambda *a: empty),
         "the record kept on the span (deferred.defer)": (
@@ -273,8 +273,8 @@ def documents(rounds: int) -> dict[str, float]:
                 cache,
                 record.in_keys,
                 record.out_keys,
-                record.candidates,
-                record.outputs,
+                record.documents,
+                record.n_in,
                 record.max_bytes,
                 record.output_content,
                 cap_content,

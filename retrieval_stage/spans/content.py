@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
+from itertools import accumulate
 from json.encoder import encode_basestring as _quote  # json.dumps's own, for a str
-from operator import attrgetter
+from operator import add, attrgetter
 from typing import Any
 
+from .._native import SPEEDUPS as _c
 from .._orjson import ORJSON as _ORJSON
 from ..models import Reranked
 
@@ -107,23 +110,57 @@ def float_reprs(values: list[float]) -> list[str]:
     return texts
 
 
-def _orjson_output(ids: list[str], scores: list[float]) -> str | None:
-    """``output.value`` written whole by orjson, or None where its text could differ from
-    ``json.dumps``'s: every id printable ASCII with no quote or backslash (nothing to
-    escape, so both write it as it is), every score finite and 0 or of a magnitude where
-    orjson's shortest digits are ``repr``'s (`float_reprs`). A third of the cost of building
-    the entries one by one, for the ids and scores every successful call has."""
+def _plain_output(outputs: Sequence[Reranked], max_bytes: int) -> str | None:
+    """``output.value`` of an answered call, written whole and cut in one pass, or None where
+    its text could differ from the general path's: every id printable ASCII with no quote or
+    backslash and no longer than `max_bytes` (nothing to escape or cap, so the text is its own
+    UTF-8 and each entry's length is known), every score a finite float, 0 or of a magnitude
+    where orjson's shortest digits are ``repr``'s (`float_reprs`).
+
+    A 50-document answer with full-precision scores is longer than the default 2,000 bytes, so
+    the cut is the common case: it is found from the entries' lengths (`bisect` over their
+    running sum) and made by slicing the whole text, not by building each entry again."""
     if _ORJSON is None:
         return None
+    scores: list[Any] = list(map(_SCORE_OF, outputs))
+    if not set(map(type, scores)) <= _FLOAT:
+        return None
+    raw: bytes = _ORJSON.dumps(scores)
+    if _c is not None:  # the same, in C (`retrieval_stage._native`)
+        text: str | None = _c.output_value(outputs, scores, raw, max_bytes)
+        return text
+    ids: list[str] = list(map(_CANDIDATE_ID, outputs))
     joined = "".join(ids)
     if not (joined.isascii() and joined.isprintable()) or '"' in joined or "\\" in joined:
         return None
-    sizes = [size for size in map(abs, scores) if size]
-    if sizes and (min(sizes) < _PLAIN_LOW or max(sizes) >= _PLAIN_HIGH):
+    if not ids or max(map(len, ids)) > max_bytes:  # none: nothing to gain
         return None
-    documents = [{"id": i, "score": score} for i, score in zip(ids, scores, strict=True)]
-    text: str = _ORJSON.dumps({"documents": documents}).decode()
-    return text
+    if b"n" in raw:  # NaN and the infinities, which orjson writes as null
+        return None
+    magnitudes = list(filter(None, map(abs, scores)))
+    if magnitudes and (min(magnitudes) < _PLAIN_LOW or max(magnitudes) >= _PLAIN_HIGH):
+        return None
+    texts = raw.decode()[1:-1].split(",")
+    # Entry i is '{"id":"<id>","score":<text>}', 18 characters and its id and text.
+    entries = _ENTRY_JOIN.join(map(_PAIR_JOIN, zip(ids, texts, strict=True)))
+    whole = '{"documents":[{"id":"' + entries + "}]}"
+    if len(whole) <= max_bytes:
+        return whole
+    # Each entry and the comma after it, summed: the first k entries and their k - 1 commas
+    # fit in `budget` when ends[k - 1] <= budget + 1.
+    ends = list(accumulate(map(_ENTRY_AND_COMMA.__add__, map(add, map(len, ids), map(len, texts)))))
+    tail = f'],"omitted":{len(ids)}}}'  # the longest the closing part can be
+    budget = max_bytes - len(_OUTPUT_HEAD) - len(tail)
+    kept = bisect_right(ends, budget + 1)
+    head = whole[: len(_OUTPUT_HEAD) + ends[kept - 1] - 1] if kept else _OUTPUT_HEAD
+    return head + f'],"omitted":{len(ids) - kept}}}'
+
+
+_OUTPUT_HEAD = '{"documents":['
+_ENTRY_JOIN = '},{"id":"'
+_PAIR_JOIN = '","score":'.join
+_ENTRY_AND_COMMA = 19
+_SCORE_OF = attrgetter("score")
 
 
 def _json(value: Any) -> str:
@@ -140,6 +177,10 @@ def output_value(outputs: Sequence[Reranked], *, fell_back: bool, max_bytes: int
     # Each entry built at C speed: the id through json's own string encoder, a finite float
     # as its repr (`float_reprs`), which is exactly what json.dumps writes for them, joined
     # by concatenation (str.format per entry cost as much); any other score: json.dumps.
+    if not fell_back:
+        plain = _plain_output(outputs, max_bytes)
+        if plain is not None:
+            return plain
     ids: list[str] = list(map(_CANDIDATE_ID, outputs))
     if not (all(map(str.isascii, ids)) and (not ids or max(map(len, ids)) <= max_bytes)):
         ids = [capped(i, max_bytes) for i in ids]  # else `capped` returns each as it is
@@ -152,11 +193,6 @@ def output_value(outputs: Sequence[Reranked], *, fell_back: bool, max_bytes: int
         head = '{"documents":['
         scores: list[Any] = [r.score for r in outputs]
         if set(map(type, scores)) <= _FLOAT and all(map(math.isfinite, scores)):
-            whole = _orjson_output(ids, scores)
-            if whole is not None:
-                text = whole
-                if len(text) <= max_bytes // 4 or len(text.encode("utf-8")) <= max_bytes:
-                    return text
             bodies = list(
                 map(str.__add__, map(_quote, ids), map(_SCORE_KEY.__add__, float_reprs(scores)))
             )

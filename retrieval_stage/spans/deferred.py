@@ -36,7 +36,6 @@ from opentelemetry.util.types import AttributeValue
 from .._log import get_logger
 from ..validate import InvalidSetting, env_flag
 from .fit import DocumentsRecord
-from .keys import ATTR_INPUT_OMITTED, ATTR_OUTPUT_OMITTED
 
 __all__ = ["DEFER_ENV", "DeferredAttributes", "defer", "defer_from_env", "snapshot"]
 
@@ -45,14 +44,10 @@ log = get_logger("retrieval_stage.spans")
 DEFER_ENV = "RETRIEVAL_STAGE_DEFER_DOCUMENTS"
 """``0``/``false``/``no``/``off``: a RERANKER span's documents are written when the call ends."""
 
-_DOCUMENT_PREFIXES = (
-    "reranker.input_documents.",
-    "reranker.output_documents.",
-    ATTR_INPUT_OMITTED,
-    ATTR_OUTPUT_OMITTED,
-)
-"""What the keys a record flattens to begin with (OpenInference's two document lists and our
-omitted counts): a span already holding such a key is written eagerly."""
+_DOCUMENT_MARK = "_documents."
+"""In every key a record flattens to (OpenInference's ``reranker.input_documents.*`` and
+``reranker.output_documents.*``, our omitted counts): a span already holding a key with it is
+written eagerly, where a key set again would move."""
 
 
 def defer_from_env() -> bool:
@@ -68,6 +63,13 @@ def defer_from_env() -> bool:
     return True if value is None else value
 
 
+_KEPT = tuple(f"_record_{name}" for name in DocumentsRecord._fields)
+"""Where a deferred store keeps its record's fields: in its own instance dict, so a span
+waiting to be exported holds one object more than an eager one (the record's list), not three
+(each object a queued span holds makes the garbage collector run more often: the queue frees
+spans in bulk, so most of their frees never offset the allocation count)."""
+
+
 class DeferredAttributes(BoundedAttributes):
     """A span's `BoundedAttributes` whose tail is still a `DocumentsRecord`.
 
@@ -75,13 +77,17 @@ class DeferredAttributes(BoundedAttributes):
     does; the Mapping methods it inherits all go through these.
     """
 
-    _record: DocumentsRecord
+    def _record(self) -> DocumentsRecord:
+        fields = vars(self)
+        return DocumentsRecord._make([fields[name] for name in _KEPT])
 
     def _flatten(self) -> None:
         with self._lock:
             if type(self) is DeferredAttributes:
-                self._dict.update(self._record.attributes())
-                del self._record
+                self._dict.update(self._record().attributes())
+                fields = vars(self)
+                for name in _KEPT:
+                    del fields[name]
                 self.__class__ = BoundedAttributes  # type: ignore[assignment]
 
     # Each method names `BoundedAttributes` itself, not super(): once flattened, `self` is
@@ -131,7 +137,7 @@ class DeferredAttributes(BoundedAttributes):
 def defer(span: Span, record: DocumentsRecord) -> bool:
     """Keep `record` as the tail of `span`'s attributes; False (nothing done) where that could
     differ from ``set_attributes(record.attributes())``: the caller then writes them."""
-    if not (record.candidates or record.outputs):
+    if not record.documents:
         return False  # nothing worth deferring
     bounded = getattr(span, "_attributes", None)
     if not (
@@ -147,9 +153,10 @@ def defer(span: Span, record: DocumentsRecord) -> bool:
             stored = bounded._dict
             if bounded.maxlen is not None and len(stored) + record.bound > bounded.maxlen:
                 return False
-            if any(key.startswith(_DOCUMENT_PREFIXES) for key in stored):
+            # One search of every key at once; a key merely containing it is written eagerly.
+            if _DOCUMENT_MARK in "\n".join(stored):
                 return False
-            bounded._record = record  # type: ignore[attr-defined]
+            vars(bounded).update(zip(_KEPT, record, strict=True))
             bounded.__class__ = DeferredAttributes
     return True
 
@@ -162,4 +169,4 @@ def snapshot(attributes: object) -> tuple[dict[str, Any], DocumentsRecord] | Non
     with attributes._lock:
         if type(attributes) is not DeferredAttributes:
             return None
-        return attributes._dict.copy(), attributes._record
+        return attributes._dict.copy(), attributes._record()

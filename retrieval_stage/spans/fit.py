@@ -13,7 +13,7 @@ candidate appears both as an input and as an output document.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import repeat
+from itertools import islice, repeat
 from operator import attrgetter, is_
 from typing import Any, NamedTuple
 
@@ -174,16 +174,18 @@ class DocumentsRecord(NamedTuple):
     text, its recall score unless None and its metadata JSON unless None; per kept output its
     capped id, its text (with `output_content`), its score unless None and its metadata JSON
     unless None; then the omitted-document counts that fit. The record holds the caller's own
-    candidates (for the outputs, each output's candidate and score, not the `Reranked` objects,
-    which would otherwise live as long as the span) in lists of its own, and every value in
-    them is immutable, so the result is the same whenever it is computed. `bound` is at most
-    how many attributes that makes.
+    candidates, and for the outputs each one's candidate and score (not the `Reranked`
+    objects, which would otherwise live as long as the span), in one list of its own, and every
+    value in it is immutable, so the result is the same whenever it is computed. `bound` is at
+    most how many attributes that makes.
     """
 
-    candidates: list[Candidate]
-    outputs: list[Any]
-    """Each kept output's candidate, then each one's score (None: none): two columns in one
-    list, one object for the garbage collector to walk while the span waits to be exported."""
+    documents: list[Any]
+    """The kept inputs' candidates, then the kept outputs' candidates, then their scores (None:
+    none): one object for the garbage collector while the span waits to be exported (each
+    object a queued span holds adds to its collections, `spans.deferred`)."""
+    n_in: int
+    """How many of `documents` are inputs; the outputs are half of the rest each."""
     max_bytes: int
     output_content: bool
     in_metas: list[str | None] | None
@@ -193,6 +195,16 @@ class DocumentsRecord(NamedTuple):
     omitted: tuple[tuple[str, int], ...]
     bound: int
 
+    @property
+    def candidates(self) -> list[Candidate]:
+        """The kept inputs."""
+        return self.documents[: self.n_in]
+
+    @property
+    def n_out(self) -> int:
+        """How many outputs are kept."""
+        return (len(self.documents) - self.n_in) // 2
+
     def attributes(self) -> dict[str, AttributeValue]:
         """The documents' attributes, in the order the span holds them.
 
@@ -201,9 +213,12 @@ class DocumentsRecord(NamedTuple):
         cost (issue 26)."""
         attributes: dict[str, AttributeValue] = {}
         max_bytes = self.max_bytes
+        documents = self.documents
+        n_in = self.n_in
         keys = self.in_keys
         metas = self.in_metas
-        for i, c in enumerate(self.candidates):
+        for i in range(n_in):
+            c = documents[i]
             k = keys[i]
             text = c.id
             attributes[k[0]] = (
@@ -218,12 +233,11 @@ class DocumentsRecord(NamedTuple):
             if metas is not None and (meta := metas[i]) is not None:
                 attributes[k[3]] = meta
         output_content = self.output_content
-        outputs = self.outputs
-        n_out = len(outputs) // 2
+        n_out = self.n_out
         keys = self.out_keys
         metas = self.out_metas
         for j in range(n_out):
-            c = outputs[j]
+            c = documents[n_in + j]
             k = keys[j]
             text = c.id
             attributes[k[0]] = (
@@ -236,7 +250,7 @@ class DocumentsRecord(NamedTuple):
                     if len(text) <= max_bytes and text.isascii()
                     else cap_content(text, max_bytes)
                 )
-            if (score := outputs[n_out + j]) is not None:
+            if (score := documents[n_in + n_out + j]) is not None:
                 attributes[k[2]] = score
             if metas is not None and (meta := metas[j]) is not None:
                 attributes[k[3]] = meta
@@ -261,18 +275,21 @@ def _plan(
         kept_in, kept_out = _kept(
             candidates, outputs, n_in, n_out, room - _RESERVED, output_content
         )
-    cands = candidates[:kept_in]  # a list's slice is a new list: the record's own
-    if type(cands) is not list:
-        cands = list(cands)
+    cands = candidates[:kept_in]
     outs = outputs[:kept_out]
-    packed = list(map(_CANDIDATE, outs))
-    packed += map(_SCORE_OF, outs)
-    in_metas, out_metas = _metadata(candidates, cands, outs, max_bytes, output_content)
+    documents = list(cands)  # the record's own list: inputs, outputs' candidates, scores
+    documents += map(_CANDIDATE, outs)
+    documents += map(_SCORE_OF, outs)
+    in_metas = out_metas = None
+    if any(map(_METADATA_OF, islice(documents, kept_in + kept_out))):  # else none has any
+        in_metas, out_metas = _metadata(candidates, cands, outs, max_bytes, output_content)
     # At most four attributes a document; counted exactly where that bound is too loose to
     # say whether the omitted counts fit after them.
     bound = 4 * (kept_in + kept_out)
     if room is not None and bound + _RESERVED > room:
-        bound = _documents_size(cands, packed[kept_out:], in_metas, out_metas, output_content)
+        bound = _documents_size(
+            cands, documents[kept_in + kept_out :], in_metas, out_metas, output_content
+        )
     omitted: tuple[tuple[str, int], ...] = ()
     for key, count in (
         (ATTR_INPUT_OMITTED, n_in - kept_in),
@@ -281,8 +298,8 @@ def _plan(
         if count and (room is None or bound + len(omitted) < room):
             omitted += ((key, count),)
     return DocumentsRecord(
-        cands,
-        packed,
+        documents,
+        kept_in,
         max_bytes,
         output_content,
         in_metas,
@@ -295,8 +312,8 @@ def _plan(
 
 
 def _documents_size(
-    cands: list[Candidate],
-    out_scores: list[float | None],
+    cands: Sequence[Candidate],
+    out_scores: list[Any],
     in_metas: list[str | None] | None,
     out_metas: list[str | None] | None,
     output_content: bool,
@@ -313,7 +330,7 @@ def _documents_size(
 
 def _metadata(
     candidates: Sequence[Candidate],
-    cands: list[Candidate],
+    cands: Sequence[Candidate],
     outs: Sequence[Reranked],
     max_bytes: int,
     output_content: bool,

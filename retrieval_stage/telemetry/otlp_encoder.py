@@ -14,32 +14,28 @@ a lone surrogate, an integer outside int64, an exception anywhere) raises inside
 `encode_spans_fast`; `serialize_spans` then encodes the whole batch with the SDK instead, so a
 span is never dropped or corrupted by this module.
 
-Where the package was built with its C loops (`_otlp_speedups`, an optional extension that
-`pip install` compiles when a C compiler is there), every attribute mapping is written by
-them, and a RERANKER span whose documents are still a record (`spans.deferred`) has them
-written straight from the record, never flattened; they write the same bytes as the Python
-loops below, which run where the extension is missing or ``RETRIEVAL_STAGE_OTLP_SPEEDUPS=0``.
+Where the package was built with its C loops (`retrieval_stage._native`), every attribute
+mapping is written by them, and a RERANKER span whose documents are still a record
+(`spans.deferred`) has them written straight from the record, never flattened; they write the
+same bytes as the Python loops below, which run where the extension is missing or
+``RETRIEVAL_STAGE_SPEEDUPS=0``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from struct import Struct
-from types import ModuleType
 from typing import Any
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-from ..models import Candidate
+from .._native import SPEEDUPS
 from ..spans.content import cap_content
 from ..spans.deferred import snapshot
-from ..validate import InvalidSetting, env_flag
 
 __all__ = [
-    "SPEEDUPS_ENV",
     "UnsupportedValue",
     "encode_spans_fast",
     "sdk_serialize_spans",
@@ -48,9 +44,6 @@ __all__ = [
 ]
 
 _logger = logging.getLogger(__name__)
-
-SPEEDUPS_ENV = "RETRIEVAL_STAGE_OTLP_SPEEDUPS"
-"""``0``: the encoder runs its Python loops even where the C ones were built (read at import)."""
 
 _DOUBLE = Struct("<d").pack
 _FIXED64 = Struct("<Q").pack
@@ -359,8 +352,8 @@ def _span_attributes(parts: _Parts, span: ReadableSpan) -> None:
                     cache,
                     record.in_keys,
                     record.out_keys,
-                    record.candidates,
-                    record.outputs,
+                    record.documents,
+                    record.n_in,
                     record.max_bytes,
                     record.output_content,
                     cap_content,
@@ -613,25 +606,9 @@ def encode_spans_fast(spans: Sequence[ReadableSpan]) -> bytes:
     return b"".join(chunks)
 
 
-def _load_speedups() -> ModuleType | None:
-    """The C loops, set up, or None where they were not built or `SPEEDUPS_ENV` is ``0``."""
-    try:
-        wanted = env_flag(SPEEDUPS_ENV)
-    except InvalidSetting:
-        _logger.warning("ignoring %s=%r: expected 0 or 1", SPEEDUPS_ENV, os.environ[SPEEDUPS_ENV])
-        wanted = None
-    if wanted is False:
-        return None
-    try:
-        from . import _otlp_speedups  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    _otlp_speedups.setup(_any_value, UnsupportedValue, Candidate)
-    module: ModuleType = _otlp_speedups
-    return module
-
-
-_c: Any = _load_speedups()
+_c: Any = SPEEDUPS
+if _c is not None:
+    _c.setup_encoder(_any_value, UnsupportedValue)
 
 speedups: bool = _c is not None
 """Whether the C loops write the attributes (the bytes are the same either way)."""

@@ -29,11 +29,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import INVALID_SPAN
 
+import retrieval_stage.spans.deferred as deferred_module
 import retrieval_stage.spans.fit as fit
 from retrieval_stage import Candidate, RerankStage
 from retrieval_stage.errors import RerankTransportError
 from retrieval_stage.models import Reranked, Usage
 from retrieval_stage.spans.deferred import DEFER_ENV, DeferredAttributes, defer, snapshot
+from retrieval_stage.spans.keys import ATTR_INPUT_OMITTED, ATTR_OUTPUT_OMITTED
 from retrieval_stage.spans.reranker import RerankerSpans
 from retrieval_stage.telemetry import otlp_encoder
 from retrieval_stage.telemetry.otlp_encoder import encode_spans_fast, sdk_serialize_spans
@@ -260,6 +262,18 @@ def test_a_span_already_holding_a_document_key_writes_the_documents_at_once() ->
     eager = write(*fifty(), before=before, defer_documents=False)
     assert not is_deferred(span)
     assert list((span.attributes or {}).items()) == list((eager.attributes or {}).items())
+
+
+def test_every_key_a_record_flattens_to_holds_the_mark_defer_looks_for() -> None:
+    """`defer` refuses a span holding any key with ``_documents.`` in it: every key a record
+    can flatten to must have it, or a key already on the span could be written twice."""
+    cands = [Candidate(f"d{i}", "t", 0.5, {"m": i}) for i in range(3)]
+    outputs = [Reranked(c, 0.5, i) for i, c in enumerate(cands)]
+    limits_cut = fit._plan(9, cands, outputs, TraceConfig(), 2000, True)
+    keys = list(record_of(cands, outputs).attributes()) + list(limits_cut.attributes())
+    assert ATTR_INPUT_OMITTED in keys
+    assert ATTR_OUTPUT_OMITTED in keys
+    assert all(deferred_module._DOCUMENT_MARK in key for key in keys)
 
 
 def test_the_environment_switch_writes_the_documents_at_once(

@@ -27,7 +27,7 @@ from dataclasses import fields
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from openinference.instrumentation import TraceConfig
 from openinference.semconv.trace import RerankerAttributes, SpanAttributes
@@ -36,6 +36,7 @@ from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+import retrieval_stage.spans.content as content
 import retrieval_stage.spans.fit as fit
 from retrieval_stage import Candidate, RerankStage, RerankTransportError
 from retrieval_stage.models import Reranked
@@ -364,7 +365,19 @@ def test_float_reprs_at_the_edges_of_reprs_exponent_form(value: float) -> None:
     assert float_reprs([value, 0.5]) == [repr(value), "0.5"]
 
 
-@settings(max_examples=120, deadline=None)
+@pytest.fixture(params=["c", "python"])
+def output_loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``output.value``'s common case written by the C loops, or by its Python."""
+    if request.param == "python":
+        monkeypatch.setattr(content, "_c", None)
+    elif content._c is None:
+        pytest.skip("the C loops are not built here: see test_the_c_loops_are_built")
+    return str(request.param)
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     call=calls(),
     fell_back=st.booleans(),
@@ -372,7 +385,11 @@ def test_float_reprs_at_the_edges_of_reprs_exponent_form(value: float) -> None:
     odd=st.sampled_from([None, math.nan, math.inf, 3, 0.5]),
 )
 def test_output_value_is_what_the_plain_way_writes(
-    call: tuple[list[Candidate], list[Reranked]], fell_back: bool, max_bytes: int, odd: Any
+    output_loops: str,
+    call: tuple[list[Candidate], list[Reranked]],
+    fell_back: bool,
+    max_bytes: int,
+    odd: Any,
 ) -> None:
     _, outputs = call
     if outputs and odd != 0.5:  # one score json.dumps must write (or that is not a float)
@@ -380,6 +397,47 @@ def test_output_value_is_what_the_plain_way_writes(
         outputs[0] = Reranked(first.candidate, odd, first.input_index)
     ours = output_value(outputs, fell_back=fell_back, max_bytes=max_bytes)
     assert ours == plain_output_value(outputs, fell_back=fell_back, max_bytes=max_bytes)
+
+
+# The common case the shortcut writes whole: printable ASCII ids (quotes, backslashes and
+# braces among them, which send it the general way), float scores of every magnitude around
+# repr's exponent form, and limits that cut the text anywhere, at an entry's edge included.
+ASCII_IDS = st.text(alphabet=st.characters(min_codepoint=0x1F, max_codepoint=0x7F), max_size=12)
+PLAIN_SCORES = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([0.0, -0.0, 1e-4, 9.999e-05, 1e16, 9999999999999998.0, 0.1, -3.5]),
+    st.floats(min_value=-1.0, max_value=1.0),
+    st.floats(min_value=1e-6, max_value=2e-4),  # where orjson drops repr's exponent form
+    st.floats(min_value=1e15, max_value=1e18),  # where some orjson releases may differ too
+)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    pairs=st.lists(st.tuples(ASCII_IDS, PLAIN_SCORES), max_size=60),
+    max_bytes=st.one_of(st.integers(0, 400), st.sampled_from([2000])),
+)
+def test_output_value_of_ascii_ids_is_what_the_plain_way_writes(
+    output_loops: str, pairs: list[tuple[str, float]], max_bytes: int
+) -> None:
+    outputs = [Reranked(Candidate(i, "t"), score, n) for n, (i, score) in enumerate(pairs)]
+    ours = output_value(outputs, fell_back=False, max_bytes=max_bytes)
+    assert ours == plain_output_value(outputs, fell_back=False, max_bytes=max_bytes)
+    json.loads(ours)
+
+
+@pytest.mark.parametrize("max_bytes", range(1960, 2010))
+def test_fifty_full_precision_scores_are_cut_where_the_plain_way_cuts_them(
+    output_loops: str, max_bytes: int
+) -> None:
+    """Fifty ids and full-precision scores are ~2,150 bytes: the default 2,000 cuts them."""
+    outputs = [Reranked(Candidate(f"doc-{i}", "t"), 1.0 - i / 97.3, i) for i in range(50)]
+    ours = output_value(outputs, fell_back=False, max_bytes=max_bytes)
+    assert ours == plain_output_value(outputs, fell_back=False, max_bytes=max_bytes)
+    assert len(ours) <= max_bytes
+    assert json.loads(ours)["omitted"] > 0
 
 
 # -- masking ------------------------------------------------------------------------------------

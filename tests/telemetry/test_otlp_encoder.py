@@ -40,6 +40,7 @@ from opentelemetry.trace import (
 )
 
 from retrieval_stage import Candidate, RerankStage
+from retrieval_stage._native import SPEEDUPS_ENV
 from retrieval_stage.errors import RerankTransportError
 from retrieval_stage.telemetry import otlp_encoder
 from retrieval_stage.telemetry.otlp_encoder import (
@@ -712,20 +713,20 @@ def test_output_stays_identical_when_the_key_cache_overflows(
 
 
 C_KEY_CACHE_LIMIT = 8192
-"""KEY_CACHE_LIMIT in _otlp_speedups.c: keys remembered per field tag."""
+"""KEY_CACHE_LIMIT in _speedups.c: keys remembered per field tag."""
 
 
 def test_the_c_loops_are_built() -> None:
     """`pip install` compiles them wherever a C compiler and Python's headers are found (this
     project's machines and CI have both); an install without them would run every traced
-    call's encoding several times slower, unnoticed. RETRIEVAL_STAGE_OTLP_SPEEDUPS=0 runs the
+    call's encoding several times slower, unnoticed. RETRIEVAL_STAGE_SPEEDUPS=0 runs the
     Python loops on purpose."""
-    if os.environ.get(otlp_encoder.SPEEDUPS_ENV, "").strip() == "0":
+    if os.environ.get(SPEEDUPS_ENV, "").strip() == "0":
         assert not otlp_encoder.speedups
     else:
         assert otlp_encoder.speedups, (
-            "retrieval_stage.telemetry._otlp_speedups is not built: reinstall with a C compiler "
-            "and Python's headers (pip install -e . shows the compiler's error)"
+            "retrieval_stage._speedups is not built: reinstall with a C compiler and Python's "
+            "headers (pip install -e . shows the compiler's error)"
         )
 
 

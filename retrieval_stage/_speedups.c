@@ -1,13 +1,15 @@
-/* The hot loops of retrieval_stage.telemetry.otlp_encoder, in C.
+/* The hot loops of a traced rerank, in C (issue 38): retrieval_stage._native loads them.
  *
- * Two functions write OTLP/protobuf KeyValue fields (common.proto) straight into one bytes
- * object: `attributes` for any attribute mapping, `documents` for a RERANKER span's documents
- * read straight from the stage's candidates and outputs (a deferred record, see
- * retrieval_stage.spans.deferred). Their output is byte-identical to the pure-Python encoder's
- * (and so to the SDK's): the tests run both over the same spans. Anything other than an exact
- * str, bool, int in int64 or float is handed to the Python encoder's own `_any_value`, so the
- * rarer types follow one set of rules; errors (a lone surrogate, a key that is not a str) raise,
- * and the Python caller then encodes the batch the way it would without this module.
+ * Two functions write OTLP/protobuf KeyValue fields (common.proto) for
+ * retrieval_stage.telemetry.otlp_encoder: `attributes` for any attribute mapping, `documents`
+ * for a RERANKER span's documents read straight from the call's candidates (a deferred record,
+ * retrieval_stage.spans.deferred). A third, `output_value`, writes the span's output.value for
+ * retrieval_stage.spans.content in its common case. Each is byte-identical to the Python it
+ * stands in for, which stays and runs where this module is not built: the tests run both over
+ * the same input. Anything other than an exact str, bool, int in int64 or float is handed to
+ * the Python encoder's own `_any_value`, so the rarer types follow one set of rules; errors (a
+ * lone surrogate, a key that is not a str) raise, and the Python caller then does the work the
+ * way it would without this module.
  *
  * Written by hand because no maintained library writes OTLP from Python objects without a
  * protobuf message per attribute (docs/benchmarks.md, issue 38). The module holds the GIL
@@ -16,7 +18,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #if PY_VERSION_HEX >= 0x030B0000
@@ -60,6 +64,7 @@ typedef struct {
 } Field;
 
 static Field cand_id, cand_text, cand_score;
+static Field out_candidate, out_score;
 
 static int field_init(Field *f, PyObject *type, const char *name) {
     f->name = PyUnicode_InternFromString(name);
@@ -351,7 +356,7 @@ static int check_tag(PyObject *tag, PyObject *cache) {
         return -1;
     }
     if (any_value_fn == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "_otlp_speedups.setup() was not called");
+        PyErr_SetString(PyExc_RuntimeError, "_speedups.setup_encoder() was not called");
         return -1;
     }
     return 0;
@@ -434,23 +439,25 @@ static int meta_at(PyObject *metas, Py_ssize_t i, PyObject **out) {
     return 0;
 }
 
-/* documents(tag, cache, in_keys, out_keys, candidates, outputs, max_bytes, output_content, cap,
+/* documents(tag, cache, in_keys, out_keys, documents, n_in, max_bytes, output_content, cap,
  *           in_metas, out_metas) -> bytes
  *
  * The KeyValue fields spans.fit.DocumentsRecord.attributes() would hold, in its order,
- * without building them: per input candidate its capped id and text, its recall score unless
- * None, its metadata JSON (`in_metas[i]`, made when the call ended: a caller's mapping may
- * change later) unless None; per output (`outputs`: the n output candidates, then their n
- * scores) its candidate's capped id, its text (with `output_content`), its score unless None,
- * its metadata JSON (`out_metas[j]`) unless None. `cap(text, max_bytes)` caps a long or
- * non-ASCII text. */
+ * without building them. `documents` is the record's list: `n_in` input candidates, then the
+ * n output candidates, then their n scores. Per input its capped id and text, its recall
+ * score unless None, its metadata JSON (`in_metas[i]`, made when the call ended: a caller's
+ * mapping may change later) unless None; per output its candidate's capped id, its text (with
+ * `output_content`), its score unless None, its metadata JSON (`out_metas[j]`) unless None.
+ * `cap(text, max_bytes)` caps a long or non-ASCII text. */
 static PyObject *documents(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 11) {
         PyErr_SetString(PyExc_TypeError, "documents() takes 11 arguments");
         return NULL;
     }
     PyObject *tag = args[0], *cache = args[1], *in_keys = args[2], *out_keys = args[3];
-    PyObject *candidates = args[4], *outputs = args[5];
+    PyObject *docs = args[4];
+    Py_ssize_t n_in = PyLong_AsSsize_t(args[5]);
+    if (n_in == -1 && PyErr_Occurred()) return NULL;
     PyObject *limit = args[6];
     Py_ssize_t max_bytes = PyLong_AsSsize_t(limit);
     if (max_bytes == -1 && PyErr_Occurred()) return NULL;
@@ -458,16 +465,16 @@ static PyObject *documents(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (output_content < 0) return NULL;
     PyObject *cap = args[8], *in_metas = args[9], *out_metas = args[10];
     if (check_tag(tag, cache) < 0) return NULL;
-    if (!PyTuple_Check(in_keys) || !PyTuple_Check(out_keys) || !PyList_CheckExact(candidates) ||
-        !PyList_CheckExact(outputs) || (in_metas != Py_None && !PyList_CheckExact(in_metas)) ||
+    if (!PyTuple_Check(in_keys) || !PyTuple_Check(out_keys) || !PyList_CheckExact(docs) ||
+        (in_metas != Py_None && !PyList_CheckExact(in_metas)) ||
         (out_metas != Py_None && !PyList_CheckExact(out_metas))) {
         PyErr_SetString(PyExc_TypeError, "key tables must be tuples, the rest lists or None");
         return NULL;
     }
-    Py_ssize_t n_in = PyList_GET_SIZE(candidates), n_out = PyList_GET_SIZE(outputs) / 2;
-    if (PyList_GET_SIZE(outputs) % 2 || n_in > PyTuple_GET_SIZE(in_keys) ||
+    Py_ssize_t rest = PyList_GET_SIZE(docs) - n_in, n_out = rest / 2;
+    if (n_in < 0 || rest < 0 || rest % 2 || n_in > PyTuple_GET_SIZE(in_keys) ||
         n_out > PyTuple_GET_SIZE(out_keys)) {
-        PyErr_SetString(PyExc_ValueError, "key tables shorter than the documents, or odd outputs");
+        PyErr_SetString(PyExc_ValueError, "key tables shorter than the documents, or bad counts");
         return NULL;
     }
     Batch b;
@@ -475,10 +482,10 @@ static PyObject *documents(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *c = NULL, *field = NULL, *meta = NULL;
 
     for (Py_ssize_t i = 0; i < n_in; i++) {
-        if (i >= PyList_GET_SIZE(candidates)) goto changed;
+        if (i >= PyList_GET_SIZE(docs)) goto changed;
         PyObject *row = key_row(in_keys, i);
         if (row == NULL) goto fail;
-        c = PyList_GET_ITEM(candidates, i);
+        c = PyList_GET_ITEM(docs, i);
         Py_INCREF(c);
         if ((field = field_get(&cand_id, c)) == NULL) goto fail;
         if (add_row(&b, row, 0, capped(field, max_bytes, cap, limit)) < 0) goto fail;
@@ -502,10 +509,10 @@ static PyObject *documents(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
 
     for (Py_ssize_t j = 0; j < n_out; j++) {
-        if (n_out + j >= PyList_GET_SIZE(outputs)) goto changed;
+        if (n_in + n_out + j >= PyList_GET_SIZE(docs)) goto changed;
         PyObject *row = key_row(out_keys, j);
         if (row == NULL) goto fail;
-        c = PyList_GET_ITEM(outputs, j);
+        c = PyList_GET_ITEM(docs, n_in + j);
         Py_INCREF(c);
         if ((field = field_get(&cand_id, c)) == NULL) goto fail;
         if (add_row(&b, row, 0, capped(field, max_bytes, cap, limit)) < 0) goto fail;
@@ -516,7 +523,7 @@ static PyObject *documents(PyObject *self, PyObject *const *args, Py_ssize_t nar
                 goto fail;
             Py_CLEAR(field);
         }
-        field = PyList_GET_ITEM(outputs, n_out + j);
+        field = PyList_GET_ITEM(docs, n_in + n_out + j);
         Py_INCREF(field);
         if (field != Py_None) {
             Py_INCREF(field);
@@ -542,22 +549,195 @@ fail:
     return NULL;
 }
 
-/* setup(any_value, unsupported, candidate_type): the Python encoder's `_any_value` and
- * `UnsupportedValue`, and the class whose slots `documents` reads directly. Called once, by
- * otlp_encoder, when it imports this module. */
-static PyObject *setup(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyCallable_Check(args[0]) || !PyExceptionClass_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "setup(any_value, unsupported, candidate_type)");
+/* -- output.value --------------------------------------------------------------------- */
+
+static const char OUTPUT_HEAD[] = "{\"documents\":[";
+#define OUTPUT_HEAD_LEN ((Py_ssize_t)(sizeof(OUTPUT_HEAD) - 1))
+#define ENTRY_FIXED 18 /* {"id":"","score":} */
+
+/* output_value(outputs, scores, score_json, max_bytes) -> str | None
+ *
+ * spans.content._plain_output in C: output.value of an answered call, written whole and cut
+ * to `max_bytes`, or None where the general path must write it. `outputs` are the Reranked
+ * outputs, `scores` their scores (each an exact float, checked by the caller) and
+ * `score_json` orjson's JSON array of them, whose digits are each score's repr wherever the
+ * magnitude is 0 or in [1e-4, 1e16) (spans.content.float_reprs). None unless every id is an
+ * exact str of printable ASCII without quote or backslash and no longer than `max_bytes`, and
+ * every score is finite and of such a magnitude. */
+static PyObject *output_value(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "output_value(outputs, scores, score_json, max_bytes)");
         return NULL;
     }
-    if (field_init(&cand_id, args[2], "id") < 0 || field_init(&cand_text, args[2], "text") < 0 ||
-        field_init(&cand_score, args[2], "score") < 0)
+    PyObject *outputs = args[0], *scores = args[1], *raw = args[2];
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[3]);
+    if (max_bytes == -1 && PyErr_Occurred()) return NULL;
+    if (!PyList_CheckExact(outputs) && !PyTuple_CheckExact(outputs)) Py_RETURN_NONE;
+    if (!PyList_CheckExact(scores) || !PyBytes_Check(raw)) Py_RETURN_NONE;
+    PyObject *items = PySequence_Fast(outputs, "outputs");
+    if (items == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    if (PyList_GET_SIZE(scores) != n) {
+        Py_DECREF(items);
+        Py_RETURN_NONE;
+    }
+    PyObject *result = NULL;
+    PyObject **ids = NULL;
+    const char **texts = NULL;
+    Py_ssize_t *text_lens = NULL;
+    if (n == 0) {  /* nothing to gain: the general path writes it */
+        Py_DECREF(items);
+        Py_RETURN_NONE;
+    }
+    ids = PyMem_Calloc((size_t)n, sizeof(PyObject *));
+    texts = PyMem_Malloc((size_t)n * sizeof(char *));
+    text_lens = PyMem_Malloc((size_t)n * sizeof(Py_ssize_t));
+    if (ids == NULL || texts == NULL || text_lens == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* The scores' texts: orjson's array, split at its commas (a float's text has none). */
+    const char *p = PyBytes_AS_STRING(raw), *end = p + PyBytes_GET_SIZE(raw);
+    if (end - p < 2 || *p != '[' || end[-1] != ']' || memchr(p, 'n', (size_t)(end - p))) {
+        result = Py_None;  /* null: a NaN or an infinity */
+        Py_INCREF(result);
+        goto done;
+    }
+    p++;
+    end--;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *comma = memchr(p, ',', (size_t)(end - p));
+        const char *stop = comma != NULL ? comma : end;
+        if ((comma == NULL) != (i == n - 1) || stop == p) {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+        texts[i] = p;
+        text_lens[i] = stop - p;
+        p = stop + 1;
+        PyObject *score = PyList_GET_ITEM(scores, i);
+        if (!PyFloat_CheckExact(score)) {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+        double size = fabs(PyFloat_AS_DOUBLE(score));
+        if (!isfinite(size) || (size != 0.0 && (size < 1e-4 || size >= 1e16))) {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+    }
+    /* The ids: exact str, printable ASCII, nothing to escape, none to cap. */
+    Py_ssize_t total = OUTPUT_HEAD_LEN + 2;  /* head, then "]}" */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = field_get(&out_candidate, PySequence_Fast_GET_ITEM(items, i));
+        if (c == NULL) goto done;
+        ids[i] = field_get(&cand_id, c);
+        Py_DECREF(c);
+        if (ids[i] == NULL) goto done;
+        PyObject *id = ids[i];
+        if (!PyUnicode_CheckExact(id) || !PyUnicode_IS_ASCII(id) ||
+            PyUnicode_GET_LENGTH(id) > max_bytes) {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+        const Py_UCS1 *chars = PyUnicode_1BYTE_DATA(id);
+        Py_ssize_t len = PyUnicode_GET_LENGTH(id);
+        for (Py_ssize_t j = 0; j < len; j++) {
+            Py_UCS1 ch = chars[j];
+            if (ch < 0x20 || ch > 0x7E || ch == '"' || ch == '\\') {
+                result = Py_None;
+                Py_INCREF(result);
+                goto done;
+            }
+        }
+        total += ENTRY_FIXED + len + text_lens[i] + (i ? 1 : 0);
+    }
+    /* How many entries: all when the whole text fits, else as many as fit before the tail. */
+    Py_ssize_t kept = n;
+    char tail[64];
+    Py_ssize_t tail_len = 0;
+    if (total > max_bytes) {
+        int longest = snprintf(tail, sizeof(tail), "],\"omitted\":%zd}", n);
+        Py_ssize_t budget = max_bytes - OUTPUT_HEAD_LEN - longest;
+        Py_ssize_t used = -1;  /* the first entry has no comma before it */
+        kept = 0;
+        while (kept < n) {
+            Py_ssize_t size = ENTRY_FIXED + PyUnicode_GET_LENGTH(ids[kept]) + text_lens[kept] + 1;
+            if (used + size > budget) break;
+            used += size;
+            kept++;
+        }
+        tail_len = snprintf(tail, sizeof(tail), "],\"omitted\":%zd}", n - kept);
+        total = OUTPUT_HEAD_LEN + (kept ? used : 0) + tail_len;
+    } else {
+        memcpy(tail, "]}", 2);
+        tail_len = 2;
+    }
+    result = PyUnicode_New(total, 127);
+    if (result == NULL) goto done;
+    char *out = (char *)PyUnicode_1BYTE_DATA(result);
+    memcpy(out, OUTPUT_HEAD, OUTPUT_HEAD_LEN);
+    out += OUTPUT_HEAD_LEN;
+    for (Py_ssize_t i = 0; i < kept; i++) {
+        if (i) *out++ = ',';
+        memcpy(out, "{\"id\":\"", 7);
+        out += 7;
+        Py_ssize_t len = PyUnicode_GET_LENGTH(ids[i]);
+        memcpy(out, PyUnicode_1BYTE_DATA(ids[i]), (size_t)len);
+        out += len;
+        memcpy(out, "\",\"score\":", 10);
+        out += 10;
+        memcpy(out, texts[i], (size_t)text_lens[i]);
+        out += text_lens[i];
+        *out++ = '}';
+    }
+    memcpy(out, tail, (size_t)tail_len);
+    out += tail_len;
+    assert(out == (char *)PyUnicode_1BYTE_DATA(result) + total);
+
+done:
+    if (ids != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(ids[i]);
+        PyMem_Free(ids);
+    }
+    PyMem_Free(texts);
+    PyMem_Free(text_lens);
+    Py_DECREF(items);
+    return result;
+}
+
+/* setup_fields(candidate_type, reranked_type): the classes whose slots `documents` and
+ * `output_value` read directly. Called once, by retrieval_stage._native, on import. */
+static PyObject *setup_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "setup_fields(candidate_type, reranked_type)");
         return NULL;
+    }
+    if (field_init(&cand_id, args[0], "id") < 0 || field_init(&cand_text, args[0], "text") < 0 ||
+        field_init(&cand_score, args[0], "score") < 0 ||
+        field_init(&out_candidate, args[1], "candidate") < 0 ||
+        field_init(&out_score, args[1], "score") < 0)
+        return NULL;
+    Py_INCREF(args[0]);  /* the classes stay alive as long as their offsets are used */
+    Py_INCREF(args[1]);
+    Py_RETURN_NONE;
+}
+
+/* setup_encoder(any_value, unsupported): the Python encoder's `_any_value` and
+ * `UnsupportedValue`. Called once, by otlp_encoder, when it imports this module. */
+static PyObject *setup_encoder(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyExceptionClass_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "setup_encoder(any_value, unsupported)");
+        return NULL;
+    }
     Py_INCREF(args[0]);
     Py_XSETREF(any_value_fn, args[0]);
     Py_INCREF(args[1]);
     Py_XSETREF(unsupported, args[1]);
-    Py_INCREF(args[2]);  /* the class stays alive as long as its offsets are used */
     Py_RETURN_NONE;
 }
 
@@ -566,15 +746,19 @@ static PyMethodDef methods[] = {
      "attributes(tag, mapping, cache) -> bytes: each item as a KeyValue field `tag`."},
     {"documents", (PyCFunction)(void (*)(void))documents, METH_FASTCALL,
      "documents(...) -> bytes: a RERANKER span's documents as KeyValue fields."},
-    {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL,
-     "setup(any_value, candidate_type, reranked_type): called once by otlp_encoder."},
+    {"output_value", (PyCFunction)(void (*)(void))output_value, METH_FASTCALL,
+     "output_value(outputs, scores, score_json, max_bytes) -> str | None: output.value."},
+    {"setup_fields", (PyCFunction)(void (*)(void))setup_fields, METH_FASTCALL,
+     "setup_fields(candidate_type, reranked_type): called once by retrieval_stage._native."},
+    {"setup_encoder", (PyCFunction)(void (*)(void))setup_encoder, METH_FASTCALL,
+     "setup_encoder(any_value, unsupported): called once by otlp_encoder."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_otlp_speedups",
-    "C loops for retrieval_stage.telemetry.otlp_encoder (byte-identical to its Python).", -1,
+    PyModuleDef_HEAD_INIT, "_speedups",
+    "C loops of a traced rerank (each identical to the Python it stands in for).", -1,
     methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__otlp_speedups(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
