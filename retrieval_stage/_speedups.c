@@ -710,6 +710,199 @@ done:
     return result;
 }
 
+/* -- the quality walk -------------------------------------------------------------------- */
+
+static inline int popcount64(uint64_t x) {
+#if defined(__GNUC__) || defined(__clang__)
+    return __builtin_popcountll(x);
+#else
+    int n = 0;
+    while (x) {
+        x &= x - 1;
+        n++;
+    }
+    return n;
+#endif
+}
+
+/* Bits of `words` below bit r: the popcount of (words & ((1 << r) - 1)). */
+static inline Py_ssize_t count_below(const uint64_t *words, Py_ssize_t r) {
+    Py_ssize_t full = r >> 6, count = 0;
+    for (Py_ssize_t w = 0; w < full; w++) count += popcount64(words[w]);
+    if (r & 63) count += popcount64(words[full] & ((UINT64_C(1) << (r & 63)) - 1));
+    return count;
+}
+
+/* quality_walk(scored, recall, k, full, weights, tails) -> tuple | None
+ *
+ * quality._walk for scores best first, as (top, tau, rbo, spread), with the same arithmetic
+ * in the same order, so every float is the one the Python computes. None, for the Python to
+ * do it (and raise where it raises), unless every pair is a 2-tuple of an int position within
+ * `recall` and a finite exact float, no position comes twice, the scores never rise, and
+ * `recall` is a permutation of range(len(recall)) in ints. `weights` and `tails` are
+ * quality._rbo_weights(k). */
+static PyObject *quality_walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "quality_walk(scored, recall, k, full, weights, tails)");
+        return NULL;
+    }
+    PyObject *scored = args[0], *recall = args[1], *weights = args[4], *tails = args[5];
+    Py_ssize_t k = PyLong_AsSsize_t(args[2]);
+    if (k == -1 && PyErr_Occurred()) return NULL;
+    int full = PyObject_IsTrue(args[3]);
+    if (full < 0) return NULL;
+    if (!PyList_CheckExact(scored) || !PyList_CheckExact(recall) || !PyList_CheckExact(weights) ||
+        !PyList_CheckExact(tails))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(scored), n_ranks = PyList_GET_SIZE(recall);
+    if (n == 0 || k < 0 || k > n || k >= PyList_GET_SIZE(weights) ||
+        k >= PyList_GET_SIZE(tails))
+        Py_RETURN_NONE;
+    Py_ssize_t n_words = n_ranks / 64 + 1;
+    /* rank_of, then three bit sets of n_ranks bits: one allocation. */
+    Py_ssize_t *rank_of = PyMem_Malloc((size_t)n_ranks * sizeof(Py_ssize_t) +
+                                       3 * (size_t)n_words * sizeof(uint64_t) + 1);
+    if (rank_of == NULL) return PyErr_NoMemory();
+    uint64_t *seen = (uint64_t *)(rank_of + n_ranks), *before = seen + n_words,
+             *placed = before + n_words;
+    memset(seen, 0, 3 * (size_t)n_words * sizeof(uint64_t));
+    PyObject *result = NULL;
+    for (Py_ssize_t rank = 0; rank < n_ranks; rank++) {
+        PyObject *item = PyList_GET_ITEM(recall, rank);
+        if (!PyLong_CheckExact(item)) goto python;
+        Py_ssize_t position = PyLong_AsSsize_t(item);
+        if (position == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            goto python;
+        }
+        if (position < 0 || position >= n_ranks || (placed[position >> 6] >> (position & 63)) & 1)
+            goto python;
+        placed[position >> 6] |= UINT64_C(1) << (position & 63);
+        rank_of[position] = rank;
+    }
+    long long concordant = 0, tied = 0, run = -1;
+    double agreement = 0.0, prev = 0.0, first = 0.0, kth = 0.0;
+    Py_ssize_t depth = full ? n : k;
+    for (Py_ssize_t i = 0; i < depth; i++) {
+        PyObject *pair = PyList_GET_ITEM(scored, i);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) goto python;
+        PyObject *pos = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
+        if (!PyLong_CheckExact(pos) || !PyFloat_CheckExact(value)) goto python;
+        Py_ssize_t position = PyLong_AsSsize_t(pos);
+        if (position == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            goto python;
+        }
+        double score = PyFloat_AS_DOUBLE(value);
+        if (position < 0 || position >= n_ranks || !isfinite(score)) goto python;
+        Py_ssize_t rank = rank_of[position];
+        if ((seen[rank >> 6] >> (rank & 63)) & 1) goto python; /* scored twice */
+        if (i == 0) {
+            prev = first = score;
+        }
+        if (score < prev) { /* a new run of scores */
+            memcpy(before, seen, (size_t)n_words * sizeof(uint64_t));
+            run = 0;
+            prev = score;
+        } else if (score == prev) {
+            run += 1;
+            tied += run;
+        } else {
+            goto python; /* not best first */
+        }
+        concordant += count_below(before, rank);
+        seen[rank >> 6] |= UINT64_C(1) << (rank & 63);
+        if (i < k) {
+            Py_ssize_t d = i + 1;
+            PyObject *weight = PyList_GET_ITEM(weights, d);
+            if (!PyFloat_CheckExact(weight)) goto python;
+            agreement += (double)count_below(seen, d) * PyFloat_AS_DOUBLE(weight);
+            if (d == k) {
+                kth = score;
+                memcpy(placed, seen, (size_t)n_words * sizeof(uint64_t)); /* `top` */
+            }
+        }
+    }
+    /* The rest of `scored` (not walked when not `full`) must still be valid for the Python's
+     * result to be this one: it would have raised on a duplicate or a bad pair there too. */
+    for (Py_ssize_t i = depth; i < n; i++) {
+        PyObject *pair = PyList_GET_ITEM(scored, i);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) goto python;
+        PyObject *pos = PyTuple_GET_ITEM(pair, 0), *value = PyTuple_GET_ITEM(pair, 1);
+        if (!PyLong_CheckExact(pos) || !PyFloat_CheckExact(value) ||
+            !isfinite(PyFloat_AS_DOUBLE(value)))
+            goto python;
+        Py_ssize_t position = PyLong_AsSsize_t(pos);
+        if (position == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            goto python;
+        }
+        if (position < 0 || position >= n_ranks) goto python;
+        Py_ssize_t rank = rank_of[position];
+        if ((seen[rank >> 6] >> (rank & 63)) & 1) goto python;
+        seen[rank >> 6] |= UINT64_C(1) << (rank & 63);
+    }
+    if (k == 0) memset(placed, 0, (size_t)n_words * sizeof(uint64_t));
+    /* top: the recall ranks of the first k, as a Python int. */
+    PyObject *top = PyLong_FromUnsignedLongLong(0);
+    if (top == NULL) goto done;
+    for (Py_ssize_t w = n_words - 1; w >= 0; w--) {
+        PyObject *shift = PyLong_FromLong(64), *word = PyLong_FromUnsignedLongLong(placed[w]);
+        PyObject *shifted = (shift && word) ? PyNumber_Lshift(top, shift) : NULL;
+        PyObject *joined = shifted ? PyNumber_Or(shifted, word) : NULL;
+        Py_XDECREF(shift);
+        Py_XDECREF(word);
+        Py_XDECREF(shifted);
+        Py_DECREF(top);
+        top = joined;
+        if (top == NULL) goto done;
+    }
+    PyObject *rbo = Py_None, *spread = Py_None, *tau = Py_None;
+    Py_INCREF(Py_None);
+    Py_INCREF(Py_None);
+    Py_INCREF(Py_None);
+    if (k) {
+        PyObject *tail = PyList_GET_ITEM(tails, k);
+        if (!PyFloat_CheckExact(tail)) {
+            Py_DECREF(top);
+            Py_DECREF(rbo);
+            Py_DECREF(spread);
+            Py_DECREF(tau);
+            goto python;
+        }
+        double value = agreement + (double)count_below(placed, k) * PyFloat_AS_DOUBLE(tail);
+        Py_SETREF(rbo, PyFloat_FromDouble(value < 1.0 ? value : 1.0));
+        if (k >= 2) Py_SETREF(spread, PyFloat_FromDouble(first - kth));
+    }
+    long long n0 = (long long)depth * (depth - 1) / 2;
+    if (!(depth < 2 || tied == n0)) {
+        long long balance = 2 * concordant - (n0 - tied);
+        double value = tied ? (double)balance / sqrt((double)(n0 * (n0 - tied)))
+                            : (double)balance / (double)n0;
+        Py_SETREF(tau, PyFloat_FromDouble(value));
+    }
+    if (rbo == NULL || spread == NULL || tau == NULL) {
+        Py_DECREF(top);
+        Py_XDECREF(rbo);
+        Py_XDECREF(spread);
+        Py_XDECREF(tau);
+        goto done;
+    }
+    result = PyTuple_Pack(4, top, tau, rbo, spread);
+    Py_DECREF(top);
+    Py_DECREF(tau);
+    Py_DECREF(rbo);
+    Py_DECREF(spread);
+    goto done;
+
+python:
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_Free(rank_of);
+    return result;
+}
+
 /* setup_fields(candidate_type, reranked_type): the classes whose slots `documents` and
  * `output_value` read directly. Called once, by retrieval_stage._native, on import. */
 static PyObject *setup_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -748,6 +941,8 @@ static PyMethodDef methods[] = {
      "documents(...) -> bytes: a RERANKER span's documents as KeyValue fields."},
     {"output_value", (PyCFunction)(void (*)(void))output_value, METH_FASTCALL,
      "output_value(outputs, scores, score_json, max_bytes) -> str | None: output.value."},
+    {"quality_walk", (PyCFunction)(void (*)(void))quality_walk, METH_FASTCALL,
+     "quality_walk(scored, recall, k, full, weights, tails) -> tuple | None: quality._walk."},
     {"setup_fields", (PyCFunction)(void (*)(void))setup_fields, METH_FASTCALL,
      "setup_fields(candidate_type, reranked_type): called once by retrieval_stage._native."},
     {"setup_encoder", (PyCFunction)(void (*)(void))setup_encoder, METH_FASTCALL,

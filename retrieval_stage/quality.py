@@ -48,6 +48,7 @@ from itertools import islice
 from operator import ge, gt, lt
 from typing import Any
 
+from ._native import SPEEDUPS as _c
 from .models import Candidate, recall_order
 from .spans.keys import (
     ATTR_KENDALL_TAU,
@@ -260,21 +261,32 @@ def rerank_quality(
     """
     if not scored:
         return _NOTHING_SCORED
-    if len({position for position, _ in scored}) != len(scored):
-        raise ValueError("a position is scored twice: the reranker returned it twice")
-    if not all(map(math.isfinite, [score for _, score in scored])):
-        scored = [(position, score) for position, score in scored if math.isfinite(score)]
-        if not scored:
-            return _NOTHING_SCORED
     if recall is None:
         recall = recall_order(candidates)
-    n_scored = len(scored)
-    k = n_scored if top_k is None else max(min(top_k, n_scored), 0)
-    # Recall ranked something above something else: its order (scores high to low, unscored
-    # last) does not start and end on the same score. Else tau is undefined and only the
-    # first k need walking.
-    ordered = n_scored >= 2 and candidates[recall[0]].score != candidates[recall[-1]].score
-    top, tau, rbo, spread = _walk(scored, recall, k, ordered)
+    walked = None
+    if _c is not None and type(scored) is list and type(recall) is list:
+        # The walk in C, which checks what the lines below check (each position once, each
+        # score finite) and hands back None for anything it leaves to them.
+        n_scored = len(scored)
+        k = n_scored if top_k is None else max(min(top_k, n_scored), 0)
+        ordered = n_scored >= 2 and candidates[recall[0]].score != candidates[recall[-1]].score
+        weights, tails = _rbo_weights(k)
+        walked = _c.quality_walk(scored, recall, k, ordered, weights, tails)
+    if walked is None:
+        if len({position for position, _ in scored}) != len(scored):
+            raise ValueError("a position is scored twice: the reranker returned it twice")
+        if not all(map(math.isfinite, [score for _, score in scored])):
+            scored = [(position, score) for position, score in scored if math.isfinite(score)]
+            if not scored:
+                return _NOTHING_SCORED
+        n_scored = len(scored)
+        k = n_scored if top_k is None else max(min(top_k, n_scored), 0)
+        # Recall ranked something above something else: its order (scores high to low,
+        # unscored last) does not start and end on the same score. Else tau is undefined and
+        # only the first k need walking.
+        ordered = n_scored >= 2 and candidates[recall[0]].score != candidates[recall[-1]].score
+        walked = _walk(scored, recall, k, ordered)
+    top, tau, rbo, spread = walked
     top_score = scored[0][1]
     return RerankQuality(
         kendall_tau=tau if ordered else None,

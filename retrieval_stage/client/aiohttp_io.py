@@ -106,10 +106,25 @@ class GuardedConnector(aiohttp.TCPConnector):
 class AiohttpIO:
     """One aiohttp session, opened on first use inside the running loop, closed by `aclose`."""
 
-    def __init__(self, base_url: str, *, timeout: float, max_response_bytes: int) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float,
+        max_response_bytes: int,
+        phase_timeouts: bool = True,
+    ) -> None:
         self.max_response_bytes = max_response_bytes
-        # The call's cancel scope enforces the deadline; these per-phase bounds back it up.
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout)
+        # The call's deadline bounds every request. Where it is asyncio's own timer, armed when
+        # the call starts and never later than `timeout` after, aiohttp's connect and read
+        # timers (armed later, as long) can never fire first: `phase_timeouts` False leaves
+        # them out, and with them a timer per request that would hold the caller's context
+        # (its span) in the loop's queue long after the call. Else they back the deadline up.
+        self._timeout = (
+            aiohttp.ClientTimeout(total=None, connect=timeout, sock_read=timeout)
+            if phase_timeouts
+            else aiohttp.ClientTimeout(total=None)
+        )
         self._proxy = environment_proxy(base_url)
         self._ssl: ssl.SSLContext | bool = (
             httpx.create_ssl_context()

@@ -9,6 +9,7 @@ way every body is read under `max_response_bytes` and errors reach the flow as h
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -62,7 +63,10 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
         from .aiohttp_io import AiohttpIO
 
         self._aio = AiohttpIO(
-            self._plan.base_url, timeout=self.timeout, max_response_bytes=self.max_response_bytes
+            self._plan.base_url,
+            timeout=self.timeout,
+            max_response_bytes=self.max_response_bytes,
+            phase_timeouts=_timeout_at is None,
         )
 
     @classmethod
@@ -136,7 +140,13 @@ class AsyncRerankClient(ClientCore[httpx.AsyncClient]):
         """
         assert _timeout_at is not None
         try:
-            async with _timeout_at(when) as timeout:
+            async with _timeout_at(None) as timeout:
+                # The timer is armed in a context of its own, not the caller's: cancelled when
+                # the call ends, it stays in the loop's queue until its time (asyncio drops
+                # cancelled timers lazily), and so would the context it captured, with the
+                # caller's span (a traced stage's RERANKER span and everything it holds) for
+                # the length of the timeout, to die in bulk with many others.
+                contextvars.Context().run(timeout.reschedule, when)
                 return await self._drive(call, call.flow(), None)
         except TimeoutError:
             if not timeout.expired():  # not our deadline's: not ours to explain

@@ -26,6 +26,7 @@ limit and room for every document, and none of whose keys is a document key. Eve
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
@@ -36,8 +37,16 @@ from opentelemetry.util.types import AttributeValue
 from .._log import get_logger
 from ..validate import InvalidSetting, env_flag
 from .fit import DocumentsRecord
+from .otel_private import plain_attributes, set_span_attributes
 
-__all__ = ["DEFER_ENV", "DeferredAttributes", "defer", "defer_from_env", "snapshot"]
+__all__ = [
+    "DEFER_ENV",
+    "DeferredAttributes",
+    "defer",
+    "defer_from_env",
+    "snapshot",
+    "write_outcome",
+]
 
 log = get_logger("retrieval_stage.spans")
 
@@ -64,10 +73,11 @@ def defer_from_env() -> bool:
 
 
 _KEPT = tuple(f"_record_{name}" for name in DocumentsRecord._fields)
-"""Where a deferred store keeps its record's fields: in its own instance dict, so a span
-waiting to be exported holds one object more than an eager one (the record's list), not three
-(each object a queued span holds makes the garbage collector run more often: the queue frees
-spans in bulk, so most of their frees never offset the allocation count)."""
+"""Where a deferred store keeps its record's fields: in its own instance dict (which changing
+its class makes CPython build anyway), not in a record object beside it. A span waiting to be
+exported then holds two objects more than an eager one (that dict and the record's list), not
+three: each object a queued span holds makes the garbage collector run more often (the export
+queue frees spans in bulk, so most of their frees never offset its allocation count)."""
 
 
 class DeferredAttributes(BoundedAttributes):
@@ -134,6 +144,61 @@ class DeferredAttributes(BoundedAttributes):
         return BoundedAttributes.copy(self)
 
 
+def write_outcome(
+    span: Span,
+    head: Mapping[str, AttributeValue],
+    record: DocumentsRecord,
+    *,
+    vouched: bool,
+    deferring: bool = True,
+) -> None:
+    """``span.set_attributes(head)``, then the documents: kept as `record` (with `deferring`,
+    where `defer` would keep them) or written after `head`. One lock for both where the span
+    allows it (`otel_private.set_span_attributes`'s conditions); `vouched` as there."""
+    bounded = getattr(span, "_attributes", None)
+    if (
+        deferring
+        and record.documents
+        and isinstance(span, SdkSpan)
+        and type(bounded) is BoundedAttributes
+        and bounded.max_value_len is None
+        and (vouched or plain_attributes(head))
+    ):
+        with span._lock:
+            if span._end_time is None:
+                with bounded._lock:
+                    if _store_and_keep(bounded, head, record):
+                        return
+    set_span_attributes(span, head, vouched=vouched)
+    if not (deferring and defer(span, record)):
+        set_span_attributes(span, record.attributes(), vouched=True)
+
+
+def _store_and_keep(
+    bounded: BoundedAttributes, head: Mapping[str, AttributeValue], record: DocumentsRecord
+) -> bool:
+    """Under the span's and the store's locks: `head` stored as the SDK stores it (a key set
+    again moves to the end) and `record` kept after it, when everything fits and no key on the
+    span could be one of the record's; else False, with nothing changed."""
+    stored = bounded._dict
+    if len(stored) <= len(head):
+        again = [key for key in stored if key in head]
+    else:
+        again = [key for key in head if key in stored]
+    fresh = len(head) - len(again)
+    if bounded.maxlen is not None and len(stored) + fresh + record.bound > bounded.maxlen:
+        return False
+    # One search of every key at once; a key merely containing the mark is written eagerly.
+    if _DOCUMENT_MARK in "\n".join(stored) or _DOCUMENT_MARK in "\n".join(head):
+        return False
+    for key in again:
+        del stored[key]
+    stored.update(head)
+    vars(bounded).update(zip(_KEPT, record, strict=True))
+    bounded.__class__ = DeferredAttributes
+    return True
+
+
 def defer(span: Span, record: DocumentsRecord) -> bool:
     """Keep `record` as the tail of `span`'s attributes; False (nothing done) where that could
     differ from ``set_attributes(record.attributes())``: the caller then writes them."""
@@ -150,15 +215,7 @@ def defer(span: Span, record: DocumentsRecord) -> bool:
         if span._end_time is not None:
             return False
         with bounded._lock:
-            stored = bounded._dict
-            if bounded.maxlen is not None and len(stored) + record.bound > bounded.maxlen:
-                return False
-            # One search of every key at once; a key merely containing it is written eagerly.
-            if _DOCUMENT_MARK in "\n".join(stored):
-                return False
-            vars(bounded).update(zip(_KEPT, record, strict=True))
-            bounded.__class__ = DeferredAttributes
-    return True
+            return _store_and_keep(bounded, {}, record)
 
 
 def snapshot(attributes: object) -> tuple[dict[str, Any], DocumentsRecord] | None:
@@ -169,4 +226,5 @@ def snapshot(attributes: object) -> tuple[dict[str, Any], DocumentsRecord] | Non
     with attributes._lock:
         if type(attributes) is not DeferredAttributes:
             return None
-        return attributes._dict.copy(), attributes._record()
+        fields = vars(attributes)
+        return attributes._dict.copy(), DocumentsRecord._make([fields[name] for name in _KEPT])

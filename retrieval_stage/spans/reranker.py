@@ -42,7 +42,7 @@ from .._version import __version__
 from ..models import Candidate, Reranked, Usage
 from ..validate import InvalidSetting, env_flag
 from .content import DEFAULT_MAX_CONTENT_BYTES, cap_content, output_value
-from .deferred import defer, defer_from_env
+from .deferred import defer_from_env, write_outcome
 from .fit import fit_head, outcome_plan
 from .genai import error_type, genai_opted_in
 from .keys import (
@@ -58,7 +58,7 @@ from .keys import (
     ATTR_USAGE_SEARCH_UNITS,
     ATTR_USAGE_TOTAL_TOKENS,
 )
-from .otel_private import plain_attributes, set_span_attributes, tracing_suppressed
+from .otel_private import plain_attributes, tracing_suppressed
 
 __all__ = [
     "FALLBACK_STATUS_PREFIX",
@@ -81,6 +81,7 @@ OUTPUT_CONTENT_ENV = "RETRIEVAL_STAGE_OUTPUT_CONTENT"
 """``0``/``false``/``no``/``off``: output documents carry id and score only (see `RerankStage`)."""
 
 _TEXT = OpenInferenceMimeTypeValues.TEXT.value
+_RERANKER = OpenInferenceSpanKindValues.RERANKER.value
 _JSON = OpenInferenceMimeTypeValues.JSON.value
 
 
@@ -99,9 +100,7 @@ def identity_attributes(
     The query goes on the span twice: as ``reranker.query`` (Phoenix's reranker view) and as
     ``input.value`` (what Phoenix's span list shows), masked alike by ``OPENINFERENCE_HIDE_INPUTS``.
     """
-    attributes: dict[str, AttributeValue] = {
-        SpanAttributes.OPENINFERENCE_SPAN_KIND: OpenInferenceSpanKindValues.RERANKER.value,
-    }
+    attributes: dict[str, AttributeValue] = {SpanAttributes.OPENINFERENCE_SPAN_KIND: _RERANKER}
     capped = cap_content(query, max_bytes)
     unmasked = masks_nothing(config)
     masked = capped if unmasked else config.mask(RerankerAttributes.RERANKER_QUERY, capped)
@@ -421,11 +420,15 @@ class RerankerSpan:
                 max_content_length=writer.max_content_length,
                 output_content=writer.output_content,
             )
-            set_span_attributes(self.span, head, vouched=plain_attributes(stats))
             # The documents stay a record until the span is read (`deferred`), or are written
-            # now; either way they are plain by construction (`fit.DocumentsRecord`).
-            if not (writer.defer_documents and defer(self.span, documents)):
-                set_span_attributes(self.span, documents.attributes(), vouched=True)
+            # after the outcome; either way they are plain by construction (`fit`).
+            write_outcome(
+                self.span,
+                head,
+                documents,
+                vouched=plain_attributes(stats),
+                deferring=writer.defer_documents,
+            )
         except Exception as exc:  # pragma: no cover - defensive; see test_stage
             log.warning("rerank.span_attributes_failed", caused_by=type(exc).__name__)
 

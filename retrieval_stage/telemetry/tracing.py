@@ -14,6 +14,7 @@ from typing import Any
 
 from openinference.semconv.resource import ResourceAttributes
 from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
@@ -35,6 +36,7 @@ __all__ = [
     "PROJECT_NAME",
     "BoundedBatchSpanProcessor",
     "configure_tracing",
+    "lean_copy",
     "otlp_span_exporter",
 ]
 
@@ -175,6 +177,9 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
     multiple of the exporter's timeout. Here the SDK's shutdown runs in a helper thread; past
     the bound the exporter is closed (its retry waits end, queued batches are not sent) and
     what never arrived is counted in `delivery`.
+
+    A span is queued as `lean_copy` makes it: the same span to its exporter, holding a third
+    fewer objects while it waits (issue 38).
     """
 
     def __init__(
@@ -192,9 +197,48 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         if span.context is not None and span.context.trace_flags.sampled:
             self.delivery.hand(1)
+            span = lean_copy(span)
         super().on_end(span)
 
     def shutdown(self) -> None:
         """Flush what fits in the bound, then stop."""
         in_background(super().shutdown).wait(max(self.shutdown_timeout, 0.0))
         self.delivery.close()
+
+
+def lean_copy(span: ReadableSpan) -> ReadableSpan:
+    """`span` as an exporter reads it, without the SDK's two bounded lists when they are
+    empty and dropped nothing (each is a list, a deque and a lock: six of the eleven objects a
+    queued span holds). Every other span is returned as it is.
+
+    A batch processor frees the spans of a batch all at once, after the export, so most of
+    their objects' frees cannot offset the garbage collector's allocation count (it stops at
+    zero): each object a queued span holds brings the next collection nearer, and at 64
+    concurrent callers a collection walks every call in flight (~120 objects traced away
+    here, ~6 µs a call). Names, times, context, status, events and links, and the attribute
+    store itself (its drop count, and a `spans.deferred` record) are the span's own.
+    """
+    attributes = getattr(span, "_attributes", None)
+    if (
+        type(span) is not ReadableSpan
+        or not isinstance(attributes, BoundedAttributes)
+        or span.events
+        or span.links
+        or span.dropped_events
+        or span.dropped_links
+    ):
+        return span
+    return ReadableSpan(
+        name=span.name,
+        context=span.context,
+        parent=span.parent,
+        resource=span.resource,
+        attributes=attributes,
+        events=(),
+        links=(),
+        kind=span.kind,
+        status=span.status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )

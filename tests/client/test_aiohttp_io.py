@@ -11,6 +11,7 @@ session for many calls, aiohttp's errors read as httpx's. The caller's own
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import json
 import ssl
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 import tracemalloc
+import weakref
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -29,6 +31,7 @@ import aiohttp
 import httpx
 import pytest
 import trustme
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from retrieval_stage import (
@@ -306,6 +309,35 @@ async def test_one_session_serves_many_calls_over_kept_alive_connections(
             await client.rerank("q", ["a", "b"])
     assert made == ["session"]
     assert seen.connections == 1
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="before 3.11 anyio's cancel scope holds the deadline"
+)
+async def test_a_finished_calls_span_is_not_held_by_the_loops_timers() -> None:
+    """asyncio keeps a cancelled timer, and the context it captured, in the loop's queue until
+    its time: neither the call's deadline nor aiohttp may arm one in the caller's context, or
+    every traced call's span (and all it holds) outlives the call by the whole timeout."""
+
+    async def answer(headers: dict[str, str], body: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(response(tei_scores(headers, body) if body else b"{}", 200 if body else 404))
+
+    tracer = TracerProvider().get_tracer("t")
+    async with loopback(answer) as (url, seen), AsyncRerankClient(url, timeout=30) as client:
+        # The connection, made outside any span: the socket's reader callback keeps the
+        # context it was registered in for as long as the connection lives (one per
+        # connection, not one per call).
+        await client.rerank("q", ["a", "b"])
+        spans = []
+        for _ in range(3):
+            span = tracer.start_span("rerank")
+            with trace.use_span(span, end_on_exit=True):
+                await client.rerank("q", ["a", "b"])
+            spans.append(weakref.ref(span))
+        del span
+        gc.collect()
+        assert seen.connections == 1
+        assert [ref() for ref in spans] == [None, None, None]
 
 
 async def test_a_closed_client_refuses_calls() -> None:

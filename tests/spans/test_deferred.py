@@ -317,6 +317,17 @@ def test_defer_refuses_an_ended_span_a_full_one_and_a_non_sdk_one() -> None:
     live.end()
 
 
+@pytest.mark.parametrize("spare", [-1, 0])
+def test_defer_keeps_a_record_only_where_its_bound_fits_the_limit(spare: int) -> None:
+    cands, outputs = fifty()
+    record = record_of(cands, outputs)
+    limit = 1 + record.bound + spare  # the span's one attribute, the record's bound, spare
+    tracer = TracerProvider(span_limits=SpanLimits(max_span_attributes=limit)).get_tracer("t")
+    span = tracer.start_span("s", attributes={"a": 1})
+    assert defer(span, record) is (spare >= 0)
+    span.end()
+
+
 def test_a_snapshot_is_the_head_and_the_record_until_the_store_is_flattened() -> None:
     span = write(*fifty())
     held = snapshot(span._attributes)

@@ -189,13 +189,17 @@ def test_each_response_body_is_decoded_once(
 @pytest.fixture
 def set_attributes_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Sizes of the attribute writes to SDK spans while the test runs: the SDK's
-    `set_attributes` and the writer's shortcut past it (`otel_private.set_span_attributes`,
-    counted once even when it hands over to the SDK)."""
+    `set_attributes`, the writer's shortcut past it (`otel_private.set_span_attributes`, as
+    `spans.deferred` calls it, counted once even when it hands over to the SDK) and the one
+    locked write of an outcome whose documents are kept as a record (its outcome counted)."""
     from opentelemetry.sdk.trace import Span as SdkSpan
+
+    import retrieval_stage.spans.deferred as deferred
 
     sizes: list[int] = []
     real = SdkSpan.set_attributes
-    real_shortcut = reranker_spans.set_span_attributes
+    real_shortcut = deferred.set_span_attributes
+    real_store = deferred._store_and_keep
     inside: list[bool] = []
 
     def counting(self: Any, attributes: Any) -> None:
@@ -211,8 +215,15 @@ def set_attributes_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         finally:
             inside.pop()
 
+    def counting_store(bounded: Any, head: Any, record: Any) -> bool:
+        kept = real_store(bounded, head, record)
+        if kept and head:
+            sizes.append(len(head))
+        return kept
+
     monkeypatch.setattr(SdkSpan, "set_attributes", counting)
-    monkeypatch.setattr(reranker_spans, "set_span_attributes", counting_shortcut)
+    monkeypatch.setattr(deferred, "set_span_attributes", counting_shortcut)
+    monkeypatch.setattr(deferred, "_store_and_keep", counting_store)
     return sizes
 
 

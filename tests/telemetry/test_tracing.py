@@ -289,3 +289,83 @@ def test_sdk_log_records_are_rendered_in_our_format_and_exporter_chatter_is_off(
     assert line["event"] == "attribute x dropped"
     assert line["level"] == "warning"
     assert line["sdk_logger"] == "opentelemetry.sdk.trace"
+
+
+# -- the queued copy of a finished span --------------------------------------------------------
+
+
+def _finished(events: bool = False, links: bool = False, limits: SpanLimits | None = None) -> Any:
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.trace import Link, SpanContext, TraceFlags
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=limits)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    link = Link(SpanContext(1, 2, False, TraceFlags(1)), {"l": 1})
+    with provider.get_tracer("t", "1").start_as_current_span("parent"):
+        span = provider.get_tracer("t", "1").start_span(
+            "s", attributes={"a": "b", "n": 1}, links=[link] if links else []
+        )
+        if events:
+            span.add_event("e", {"k": "v"})
+        span.set_status(trace.Status(trace.StatusCode.ERROR, "why"))
+        span.end()
+    return exporter.get_finished_spans()[0]
+
+
+def test_the_queued_copy_is_the_same_span_to_an_exporter() -> None:
+    from opentelemetry.sdk.util import BoundedList
+
+    from retrieval_stage.telemetry.otlp_encoder import encode_spans_fast, sdk_serialize_spans
+    from retrieval_stage.telemetry.tracing import lean_copy
+
+    span = _finished()
+    lean = lean_copy(span)
+    assert lean is not span
+    for name in (
+        "name", "context", "parent", "resource", "kind", "status", "start_time", "end_time",
+        "instrumentation_scope", "events", "links", "dropped_attributes", "dropped_events",
+        "dropped_links",
+    ):  # fmt: skip
+        assert getattr(lean, name) == getattr(span, name), name
+    assert lean._attributes is span._attributes  # the store itself: its drop count, its record
+    assert not isinstance(lean._events, BoundedList)
+    assert not isinstance(lean._links, BoundedList)
+    assert sdk_serialize_spans([lean]) == sdk_serialize_spans([span])
+    assert encode_spans_fast([lean]) == sdk_serialize_spans([span])
+    assert lean.to_json() == span.to_json()
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["events", "links", "dropped events"],
+)
+def test_a_span_with_events_links_or_drops_is_queued_as_it_is(kind: str) -> None:
+    from retrieval_stage.telemetry.tracing import lean_copy
+
+    if kind == "dropped events":
+        span = _finished(events=True, limits=SpanLimits(max_events=0))
+        assert span.dropped_events == 1
+    else:
+        span = _finished(events=kind == "events", links=kind == "links")
+    assert lean_copy(span) is span
+
+
+def test_configure_tracing_queues_the_lean_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.sdk.util import BoundedList
+
+    exported: list[Any] = []
+
+    class Keeping(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            exported.extend(spans)
+            return SpanExportResult.SUCCESS
+
+    provider = configure_tracing("lean", exporter=Keeping())
+    RerankStage(ByLength(), tracer_provider=provider).run("q", [Candidate("a", "x")])
+    provider.force_flush()
+    (span,) = exported
+    assert not isinstance(span._events, BoundedList)
+    assert (span.attributes or {})["openinference.span.kind"] == "RERANKER"
+    provider.shutdown()
