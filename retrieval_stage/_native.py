@@ -34,7 +34,8 @@ def _load() -> ModuleType | None:
     if wanted is False:
         return None
     try:
-        from . import _speedups  # type: ignore[attr-defined]
+        # The extension by its full name: it is not a module of ours the import graph counts.
+        import retrieval_stage._speedups as _speedups  # type: ignore[import-not-found]
     except ImportError:
         return None
     _speedups.setup_fields(Candidate, Reranked)

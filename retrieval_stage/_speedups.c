@@ -26,7 +26,7 @@
 #if PY_VERSION_HEX >= 0x030B0000
 #define FLOAT_PACK8 PyFloat_Pack8
 #else
-#define FLOAT_PACK8 _PyFloat_Pack8
+#define FLOAT_PACK8(x, p, le) _PyFloat_Pack8((x), (unsigned char *)(p), (le))
 #endif
 
 /* -- varints ------------------------------------------------------------------------------ */
@@ -63,7 +63,7 @@ typedef struct {
     PyObject *name;
 } Field;
 
-static Field cand_id, cand_text, cand_score;
+static Field cand_id, cand_text, cand_score, cand_metadata;
 static Field out_candidate, out_score;
 
 static int field_init(Field *f, PyObject *type, const char *name) {
@@ -549,6 +549,72 @@ fail:
     return NULL;
 }
 
+/* -- the documents' record ------------------------------------------------------------- */
+
+/* pack_documents(candidates, kept_in, outputs, kept_out) -> (list, bool)
+ *
+ * spans.fit._plan's list in one pass: the first `kept_in` candidates, then the first
+ * `kept_out` outputs' candidates, then their scores; and whether any of those candidates has
+ * metadata (a truthy `metadata`). Both sequences must be lists. */
+static PyObject *pack_documents(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "pack_documents(candidates, kept_in, outputs, kept_out)");
+        return NULL;
+    }
+    PyObject *candidates = args[0], *outputs = args[2];
+    Py_ssize_t kept_in = PyLong_AsSsize_t(args[1]), kept_out = PyLong_AsSsize_t(args[3]);
+    if ((kept_in == -1 || kept_out == -1) && PyErr_Occurred()) return NULL;
+    if (!PyList_CheckExact(candidates) || !PyList_CheckExact(outputs)) {
+        PyErr_SetString(PyExc_TypeError, "candidates and outputs must be lists");
+        return NULL;
+    }
+    if (kept_in < 0 || kept_out < 0 || kept_in > PyList_GET_SIZE(candidates) ||
+        kept_out > PyList_GET_SIZE(outputs)) {
+        PyErr_SetString(PyExc_ValueError, "kept counts out of range");
+        return NULL;
+    }
+    PyObject *packed = PyList_New(kept_in + 2 * kept_out);
+    if (packed == NULL) return NULL;
+    int metadata = 0;
+    for (Py_ssize_t i = 0; i < kept_in; i++) {
+        PyObject *c = PyList_GET_ITEM(candidates, i);
+        Py_INCREF(c);
+        PyList_SET_ITEM(packed, i, c);
+    }
+    for (Py_ssize_t j = 0; j < kept_out; j++) {
+        /* A callback below (a metadata's __len__) could change the list: re-check the size. */
+        if (j >= PyList_GET_SIZE(outputs)) {
+            PyErr_SetString(PyExc_RuntimeError, "the outputs changed while being packed");
+            goto fail;
+        }
+        PyObject *r = PyList_GET_ITEM(outputs, j);
+        Py_INCREF(r);
+        PyObject *c = field_get(&out_candidate, r);
+        PyObject *score = c != NULL ? field_get(&out_score, r) : NULL;
+        Py_DECREF(r);
+        if (score == NULL) {
+            Py_XDECREF(c);
+            goto fail;
+        }
+        PyList_SET_ITEM(packed, kept_in + j, c);
+        PyList_SET_ITEM(packed, kept_in + kept_out + j, score);
+    }
+    for (Py_ssize_t i = 0; i < kept_in + kept_out && !metadata; i++) {
+        PyObject *meta = field_get(&cand_metadata, PyList_GET_ITEM(packed, i));
+        if (meta == NULL) goto fail;
+        metadata = PyObject_IsTrue(meta);
+        Py_DECREF(meta);
+        if (metadata < 0) goto fail;
+    }
+    PyObject *result = PyTuple_Pack(2, packed, metadata ? Py_True : Py_False);
+    Py_DECREF(packed);
+    return result;
+
+fail:
+    Py_DECREF(packed);
+    return NULL;
+}
+
 /* -- output.value --------------------------------------------------------------------- */
 
 static const char OUTPUT_HEAD[] = "{\"documents\":[";
@@ -912,6 +978,7 @@ static PyObject *setup_fields(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     if (field_init(&cand_id, args[0], "id") < 0 || field_init(&cand_text, args[0], "text") < 0 ||
         field_init(&cand_score, args[0], "score") < 0 ||
+        field_init(&cand_metadata, args[0], "metadata") < 0 ||
         field_init(&out_candidate, args[1], "candidate") < 0 ||
         field_init(&out_score, args[1], "score") < 0)
         return NULL;
@@ -941,6 +1008,8 @@ static PyMethodDef methods[] = {
      "documents(...) -> bytes: a RERANKER span's documents as KeyValue fields."},
     {"output_value", (PyCFunction)(void (*)(void))output_value, METH_FASTCALL,
      "output_value(outputs, scores, score_json, max_bytes) -> str | None: output.value."},
+    {"pack_documents", (PyCFunction)(void (*)(void))pack_documents, METH_FASTCALL,
+     "pack_documents(candidates, kept_in, outputs, kept_out) -> (list, bool): fit._plan's."},
     {"quality_walk", (PyCFunction)(void (*)(void))quality_walk, METH_FASTCALL,
      "quality_walk(scored, recall, k, full, weights, tails) -> tuple | None: quality._walk."},
     {"setup_fields", (PyCFunction)(void (*)(void))setup_fields, METH_FASTCALL,

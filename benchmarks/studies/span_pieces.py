@@ -10,15 +10,17 @@ every variant once per round in turn. Three parts:
   (a limit of 2,048 attributes, so every document is kept; no span processor), and recording
   with one piece of the span writer replaced by a no-op, one at a time: the name each piece
   has in the module that calls it is swapped for the duration of the block and restored.
-  A piece's cost is recording minus recording without it (the documents' row counts building
-  and storing them; the storing row, every outcome attribute's store, overlaps it); what the
-  other pieces leave is the SDK span's own life (start, context attach and detach, identity
-  attributes, end).
-- **per attribute**: writing the finished span's outcome attributes as the writer does
-  (`fit.outcome_attributes` then `otel_private.set_span_attributes`) against the SDK's floor
-  for the same mapping (``span.set_attributes`` on a fresh span with the same limit).
-- **exporter thread**: `otlp_encoder.serialize_spans` and the SDK's `encode_spans` per span,
-  over a batch of B finished spans (512: the BatchSpanProcessor's default batch).
+  A piece's cost is recording minus recording without it (the documents' record planned, kept
+  on the span, the outcome stored, ``output.value``, the quality signals, the context
+  attributes); what the pieces leave is the SDK span's own life (start, context attach and
+  detach, identity attributes, end) and the outcome's few values.
+- **per attribute**: writing the finished span's outcome as the writer does (`fit.outcome_plan`,
+  `deferred.write_outcome`) against the SDK's floor for the same span's attributes
+  (``span.set_attributes`` on a fresh span with the same limit), per attribute the span ends up
+  with.
+- **exporter thread**: `otlp_encoder.serialize_spans` per span over a batch of B finished spans
+  (512: the BatchSpanProcessor's default batch), as the exporter meets them (the documents a
+  record) and flattened, with the C loops and the Python ones, and the SDK's `encode_spans`.
 - **the documents** (`documents`): what the writer plans on the caller's thread, what
   flattening them costs wherever it happens, and encoding them from the record (C) against
   encoding the flattened mapping (C, Python).
@@ -44,9 +46,9 @@ from .span_cost import Instant, per_call
 LIMIT = 2048
 """Every document fits: the span as `configure_tracing`'s providers keep it."""
 
-_OVERLAPPING = "outcome attributes stored"
-"""The piece whose cost overlaps another's (without documents there is less to store), so
-it is left out of the sum that leaves "the rest"."""
+_OVERLAPPING = "\0"
+"""The prefix of a piece whose cost overlaps another's, left out of the sum that leaves "the
+rest" (none since the documents became a record: planning it and storing it are apart)."""
 
 
 @contextmanager
@@ -68,15 +70,10 @@ def _knockouts() -> dict[str, tuple[Any, str, Any]]:
     empty = fit.DocumentsRecord([], 0, 2000, True, None, None, (), (), (), 0)
     return {
         "the documents' record planned (fit._plan)": (fit, "_plan", lambda *a: empty),
-        "the record kept on the span (deferred.defer)": (
+        "the outcome stored and the record kept (deferred.write_outcome)": (
             reranker,
-            "defer",
-            lambda span, record: True,
-        ),
-        "outcome attributes stored (set_span_attributes)": (
-            reranker,
-            "set_span_attributes",
-            lambda span, attributes, vouched=False: None,
+            "write_outcome",
+            lambda *a, **k: None,
         ),
         "output.value JSON (output_value)": (reranker, "output_value", lambda *a, **k: "{}"),
         "quality signals (stage.rerank_quality)": (stage, "rerank_quality", lambda *a, **k: None),
@@ -147,9 +144,9 @@ def per_attribute(rounds: int) -> dict[str, float]:
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 
     from retrieval_stage.models import Reranked
-    from retrieval_stage.spans.deferred import defer
+    from retrieval_stage.spans.deferred import write_outcome
     from retrieval_stage.spans.fit import outcome_attributes, outcome_plan
-    from retrieval_stage.spans.otel_private import plain_attributes, set_span_attributes
+    from retrieval_stage.spans.otel_private import plain_attributes
 
     (finished,) = _finished_spans(1)
     stored = dict(finished.attributes or {})
@@ -166,9 +163,7 @@ def per_attribute(rounds: int) -> dict[str, float]:
         head, record = outcome_plan(
             span, stats, cands, outputs, config=config, max_content_length=2000
         )
-        set_span_attributes(span, head, vouched=plain_attributes(stats))
-        if not defer(span, record):
-            set_span_attributes(span, record.attributes(), vouched=True)
+        write_outcome(span, head, record, vouched=plain_attributes(stats))
 
     def sdk_floor() -> None:
         tracer.start_span("rerank").set_attributes(stored)

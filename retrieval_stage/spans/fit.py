@@ -22,6 +22,7 @@ from openinference.semconv.trace import DocumentAttributes, RerankerAttributes
 from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 
+from .._native import SPEEDUPS as _c
 from ..models import Candidate, Reranked
 from . import otel_private
 from .content import cap_content, metadata_json
@@ -277,11 +278,16 @@ def _plan(
         )
     cands = candidates[:kept_in]
     outs = outputs[:kept_out]
-    documents = list(cands)  # the record's own list: inputs, outputs' candidates, scores
-    documents += map(_CANDIDATE, outs)
-    documents += map(_SCORE_OF, outs)
+    # The record's own list: the inputs, the outputs' candidates, their scores.
+    if _c is not None and type(candidates) is list and type(outputs) is list:
+        documents, metadata = _c.pack_documents(candidates, kept_in, outputs, kept_out)
+    else:
+        documents = list(cands)
+        documents += map(_CANDIDATE, outs)
+        documents += map(_SCORE_OF, outs)
+        metadata = any(map(_METADATA_OF, islice(documents, kept_in + kept_out)))
     in_metas = out_metas = None
-    if any(map(_METADATA_OF, islice(documents, kept_in + kept_out))):  # else none has any
+    if metadata:  # else none has any
         in_metas, out_metas = _metadata(candidates, cands, outs, max_bytes, output_content)
     # At most four attributes a document; counted exactly where that bound is too loose to
     # say whether the omitted counts fit after them.

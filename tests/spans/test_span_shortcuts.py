@@ -204,7 +204,19 @@ def config(hide_inputs: bool, hide_outputs: bool) -> TraceConfig:
 # -- documents ----------------------------------------------------------------------------------
 
 
-@settings(max_examples=150, deadline=None)
+@pytest.fixture(params=["c", "python"])
+def plan_loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The record's list packed by the C loops, or by its Python."""
+    if request.param == "python":
+        monkeypatch.setattr(fit, "_c", None)
+    elif fit._c is None:
+        pytest.skip("the C loops are not built here: see test_the_c_loops_are_built")
+    return str(request.param)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     call=calls(),
     room=st.one_of(st.none(), st.integers(0, 90)),
@@ -214,6 +226,7 @@ def config(hide_inputs: bool, hide_outputs: bool) -> TraceConfig:
     stats=st.dictionaries(st.sampled_from(["a", "b"]), st.integers(), max_size=2),
 )
 def test_the_documents_are_what_the_plain_way_writes(
+    plan_loops: str,
     call: tuple[list[Candidate], list[Reranked]],
     room: int | None,
     hide: tuple[bool, bool],
