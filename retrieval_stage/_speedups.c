@@ -549,6 +549,242 @@ fail:
     return NULL;
 }
 
+/* -- a span's frame ---------------------------------------------------------------------- */
+
+/* New reference to getattr(obj, name), or NULL with the error. */
+static inline PyObject *attr(PyObject *obj, const char *name) {
+    return PyObject_GetAttrString(obj, name);
+}
+
+/* `value` (an int) as `n` big-endian bytes written at p; -1 when it does not fit (an error is
+ * set: the Python writer then raises the same). */
+static int big_endian(PyObject *value, int n, char *p) {
+    PyObject *raw = PyObject_CallMethod(value, "to_bytes", "is", n, "big");
+    if (raw == NULL) return -1;
+    if (!PyBytes_Check(raw) || PyBytes_GET_SIZE(raw) != n) {
+        Py_DECREF(raw);
+        PyErr_SetString(PyExc_TypeError, "to_bytes");
+        return -1;
+    }
+    memcpy(p, PyBytes_AS_STRING(raw), (size_t)n);
+    Py_DECREF(raw);
+    return 0;
+}
+
+/* An unsigned int attribute of `obj` into *out; 0 when it is absent/None/0 or not one. */
+static int uint_attr(PyObject *obj, const char *name, unsigned long long *out) {
+    PyObject *value = attr(obj, name);
+    if (value == NULL) return -1;
+    *out = 0;
+    int status = 0;
+    if (value != Py_None) {
+        if (!PyLong_Check(value)) {
+            status = -1;
+            PyErr_SetString(PyExc_TypeError, name);
+        } else {
+            *out = PyLong_AsUnsignedLongLong(value);
+            if (*out == (unsigned long long)-1 && PyErr_Occurred()) status = -1;
+        }
+    }
+    Py_DECREF(value);
+    return status;
+}
+
+/* Whether `obj.name` is an empty sequence (or None): 1 yes, 0 no, -1 error. */
+static int empty_attr(PyObject *obj, const char *name) {
+    PyObject *value = attr(obj, name);
+    if (value == NULL) return -1;
+    int empty = value == Py_None ? 1 : !PyObject_IsTrue(value);
+    Py_DECREF(value);
+    return empty;
+}
+
+/* span_frame(span) -> (head: bytes, tail: bytes) | None
+ *
+ * What otlp_encoder._span_parts writes around a span's attributes, for the common span: no
+ * trace state, no events, no links (None for any other, and for anything the Python writer
+ * would raise on, which it then does). `head` holds Span fields 1-8 (trace and span id,
+ * parent span id, name, kind, start and end time), `tail` fields 10-16 (the dropped
+ * attribute count, the status, the flags). */
+static PyObject *span_frame(PyObject *self, PyObject *span) {
+    char head[64], tail[32];
+    char *h = head, *t = tail;
+    PyObject *context = NULL, *parent = NULL, *name = NULL, *kind = NULL, *status = NULL,
+             *value = NULL, *description = NULL, *result = NULL;
+    context = PyObject_CallMethod(span, "get_span_context", NULL);
+    if (context == NULL || context == Py_None) goto python;
+    value = attr(context, "trace_state");
+    if (value == NULL) goto python;
+    if (value != Py_None) {
+        Py_ssize_t n = PyObject_Length(value);
+        if (n != 0) goto python; /* -1: an error; > 0: the Python joins it */
+    }
+    Py_CLEAR(value);
+    *h++ = 0x0a;
+    *h++ = 0x10;
+    if ((value = attr(context, "trace_id")) == NULL || big_endian(value, 16, h) < 0) goto python;
+    h += 16;
+    Py_CLEAR(value);
+    *h++ = 0x12;
+    *h++ = 0x08;
+    if ((value = attr(context, "span_id")) == NULL || big_endian(value, 8, h) < 0) goto python;
+    h += 8;
+    Py_CLEAR(value);
+    if ((parent = attr(span, "parent")) == NULL) goto python;
+    int has_parent = parent != Py_None && PyObject_IsTrue(parent);
+    if (has_parent < 0) goto python;
+    int remote = 0;
+    if (has_parent) {
+        *h++ = 0x22;
+        *h++ = 0x08;
+        if ((value = attr(parent, "span_id")) == NULL || big_endian(value, 8, h) < 0)
+            goto python;
+        h += 8;
+        Py_CLEAR(value);
+        if ((value = attr(parent, "is_remote")) == NULL) goto python;
+        remote = PyObject_IsTrue(value);
+        if (remote < 0) goto python;
+        Py_CLEAR(value);
+    }
+    if ((name = attr(span, "name")) == NULL || !PyUnicode_Check(name)) goto python;
+    Py_ssize_t name_len;
+    const char *name_raw = PyUnicode_AsUTF8AndSize(name, &name_len);
+    if (name_raw == NULL) goto python;
+    if ((kind = attr(span, "kind")) == NULL || (value = attr(kind, "value")) == NULL ||
+        !PyLong_CheckExact(value))
+        goto python;
+    long kind_value = PyLong_AsLong(value);
+    if (kind_value < 0 || kind_value > 4) goto python;
+    Py_CLEAR(value);
+    unsigned long long start, end, dropped;
+    if (uint_attr(span, "start_time", &start) < 0 || uint_attr(span, "end_time", &end) < 0 ||
+        uint_attr(span, "dropped_attributes", &dropped) < 0)
+        goto python;
+    if (dropped > 0xFFFFFFFFULL) goto python;
+    int none;
+    if ((none = empty_attr(span, "events")) != 1 || (none = empty_attr(span, "links")) != 1)
+        goto python;
+    unsigned long long dropped_events, dropped_links;
+    if (uint_attr(span, "dropped_events", &dropped_events) < 0 ||
+        uint_attr(span, "dropped_links", &dropped_links) < 0 || dropped_events || dropped_links)
+        goto python;
+    /* head: the name (field 5) needs its own room */
+    Py_ssize_t head_len = (h - head) + (name_len ? 1 + varint_len((uint64_t)name_len) + name_len
+                                                 : 0) + 2 + (start ? 9 : 0) + (end ? 9 : 0);
+    PyObject *head_bytes = PyBytes_FromStringAndSize(NULL, head_len);
+    if (head_bytes == NULL) goto done;
+    char *out = PyBytes_AS_STRING(head_bytes);
+    memcpy(out, head, (size_t)(h - head));
+    out += h - head;
+    if (name_len) {
+        *out++ = 0x2a;
+        out = put_varint(out, (uint64_t)name_len);
+        memcpy(out, name_raw, (size_t)name_len);
+        out += name_len;
+    }
+    *out++ = 0x30;
+    *out++ = (char)(kind_value + 1);
+    if (start) {
+        *out++ = 0x39;
+        for (int i = 0; i < 8; i++) *out++ = (char)((start >> (8 * i)) & 0xFF);
+    }
+    if (end) {
+        *out++ = 0x41;
+        for (int i = 0; i < 8; i++) *out++ = (char)((end >> (8 * i)) & 0xFF);
+    }
+    /* tail: the dropped count (10), the status (15), the flags (16) */
+    if (dropped) {
+        *t++ = 0x50;
+        t = put_varint(t, dropped);
+    }
+    if ((status = attr(span, "status")) == NULL) {
+        Py_DECREF(head_bytes);
+        goto python;
+    }
+    const char *desc_raw = NULL;
+    Py_ssize_t desc_len = 0;
+    long code = 0;
+    if (status != Py_None) {
+        if ((description = attr(status, "description")) == NULL ||
+            (description != Py_None && !PyUnicode_Check(description)) ||
+            (value = attr(status, "status_code")) == NULL) {
+            Py_DECREF(head_bytes);
+            goto python;
+        }
+        if (description != Py_None && PyObject_IsTrue(description)) {
+            desc_raw = PyUnicode_AsUTF8AndSize(description, &desc_len);
+            if (desc_raw == NULL) {
+                Py_DECREF(head_bytes);
+                goto python;
+            }
+        }
+        PyObject *code_value = attr(value, "value");
+        if (code_value == NULL || !PyLong_CheckExact(code_value)) {
+            Py_XDECREF(code_value);
+            Py_DECREF(head_bytes);
+            goto python;
+        }
+        code = PyLong_AsLong(code_value);
+        Py_DECREF(code_value);
+        if (code < 0 || code > 127) {
+            Py_DECREF(head_bytes);
+            goto python;
+        }
+        Py_CLEAR(value);
+    }
+    Py_ssize_t status_len = status == Py_None
+                                ? 0
+                                : (desc_len ? 1 + varint_len((uint64_t)desc_len) + desc_len : 0) +
+                                      (code ? 2 : 0);
+    Py_ssize_t tail_len = (t - tail) + (status == Py_None ? 0 : 1 + varint_len(status_len) +
+                                                                   status_len) + 6;
+    PyObject *tail_bytes = PyBytes_FromStringAndSize(NULL, tail_len);
+    if (tail_bytes == NULL) {
+        Py_DECREF(head_bytes);
+        goto done;
+    }
+    out = PyBytes_AS_STRING(tail_bytes);
+    memcpy(out, tail, (size_t)(t - tail));
+    out += t - tail;
+    if (status != Py_None) {
+        *out++ = 0x7a;
+        out = put_varint(out, (uint64_t)status_len);
+        if (desc_len) {
+            *out++ = 0x12;
+            out = put_varint(out, (uint64_t)desc_len);
+            memcpy(out, desc_raw, (size_t)desc_len);
+            out += desc_len;
+        }
+        if (code) {
+            *out++ = 0x18;
+            *out++ = (char)code;
+        }
+    }
+    /* SpanFlags: whether the parent is remote is always said (0x100), and if so 0x200. */
+    unsigned int flags = 0x100 | (has_parent && remote ? 0x200 : 0);
+    *out++ = (char)0x85;
+    *out++ = 0x01;
+    for (int i = 0; i < 4; i++) *out++ = (char)((flags >> (8 * i)) & 0xFF);
+    result = PyTuple_Pack(2, head_bytes, tail_bytes);
+    Py_DECREF(head_bytes);
+    Py_DECREF(tail_bytes);
+    goto done;
+
+python:
+    PyErr_Clear();
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(context);
+    Py_XDECREF(parent);
+    Py_XDECREF(name);
+    Py_XDECREF(kind);
+    Py_XDECREF(status);
+    Py_XDECREF(value);
+    Py_XDECREF(description);
+    return result;
+}
+
 /* -- the documents' record ------------------------------------------------------------- */
 
 /* pack_documents(candidates, kept_in, outputs, kept_out) -> (list, bool)
@@ -1008,6 +1244,8 @@ static PyMethodDef methods[] = {
      "documents(...) -> bytes: a RERANKER span's documents as KeyValue fields."},
     {"output_value", (PyCFunction)(void (*)(void))output_value, METH_FASTCALL,
      "output_value(outputs, scores, score_json, max_bytes) -> str | None: output.value."},
+    {"span_frame", (PyCFunction)span_frame, METH_O,
+     "span_frame(span) -> (head, tail) | None: the Span fields around its attributes."},
     {"pack_documents", (PyCFunction)(void (*)(void))pack_documents, METH_FASTCALL,
      "pack_documents(candidates, kept_in, outputs, kept_out) -> (list, bool): fit._plan's."},
     {"quality_walk", (PyCFunction)(void (*)(void))quality_walk, METH_FASTCALL,

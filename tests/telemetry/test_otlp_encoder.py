@@ -758,3 +758,38 @@ def test_configure_tracings_http_exporter_uses_the_fast_encoder(
         assert isinstance(exporter, FastOTLPSpanExporter)
     finally:
         exporter.shutdown()
+
+
+def test_the_c_frame_is_the_python_frame_or_leaves_the_span_to_it(loops: str) -> None:
+    """`_speedups.span_frame` writes the fields around a span's attributes for a span with no
+    trace state, events or links, and hands any other back: each case, byte for byte."""
+    if loops == "python":
+        pytest.skip("the C frame only")
+    assert otlp_encoder._c is not None
+    provider, exporter = recorded()
+    tracer = provider.get_tracer("t")
+    remote = SpanContext(0xABC, 0xDEF, True, TraceFlags(1), TraceState([("r", "1")]))
+    plain = tracer.start_span("plain", start_time=1, attributes={"k": "v"})
+    plain.set_status(Status(StatusCode.ERROR, "why é"))
+    plain.end(end_time=2**64 - 1)
+    child = tracer.start_span("", context=trace.set_span_in_context(plain), kind=SpanKind.CLIENT)
+    child.end()
+    under_remote = tracer.start_span(
+        "r", context=trace.set_span_in_context(NonRecordingSpan(remote))
+    )
+    under_remote.end()
+    with_event = tracer.start_span("e")
+    with_event.add_event("x")
+    with_event.end()
+    framed, left = [], []
+    for span in exporter.get_finished_spans():
+        frame = otlp_encoder._c.span_frame(span)
+        (left if frame is None else framed).append(span.name)
+        if frame is not None:
+            head, tail = frame
+            python = otlp_encoder._python_span_parts(span)
+            assert head == bytes(python[0])
+            assert tail == bytes(python[-1])
+        assert_identical([span])
+    assert framed == ["plain", ""]
+    assert left == ["r", "e"]  # a trace state from the remote parent; an event
