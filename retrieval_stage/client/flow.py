@@ -159,8 +159,12 @@ class Call:
             log.info("rerank.model_unknown", provider=plan.provider, caused_by=cause)
 
     def _fork(self, start: int, stop: int, size: int) -> Flow:
-        chunks = [(a, min(a + size, stop)) for a in range(start, stop, size)]
-        parts = yield Fork([self._batch(a, b) for a, b in chunks])
+        # Loops, not comprehensions: a comprehension naming `self`, `stop` or `size` makes a
+        # cell of each, kept while this generator waits for the whole call.
+        flows = []
+        for a in range(start, stop, size):
+            flows.append(self._batch(a, min(a + size, stop)))
+        parts = yield Fork(flows)
         return [pair for part in parts for pair in part]
 
     def _batch(self, start: int, stop: int) -> Flow:

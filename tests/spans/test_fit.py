@@ -277,3 +277,30 @@ def test_document_keys_past_the_precomputed_bound_name_their_position() -> None:
     assert attributes["reranker.output_documents.0.document.id"] == "doc-1000"
     assert attributes[f"reranker.output_documents.{n - 1}.document.id"] == "doc-9"
     assert attributes[f"reranker.output_documents.{n - 1}.document.score"] == 2.0
+
+
+def test_the_frames_a_call_waits_in_make_no_closure_cells() -> None:
+    """A function's closure variables are cell objects made when its frame starts. These
+    frames stay alive through a call's whole request, so their cells would too, and at 64
+    calls in flight every garbage collection walks them all (issue 38): the frames an async
+    call waits in share nothing with a closure."""
+    import retrieval_stage.protocols as protocols
+    from retrieval_stage.client import aiohttp_io, flow
+
+    waiting = [
+        RerankStage.arun,
+        RerankStage.arun_outcome,
+        RerankStage._acall,
+        protocols.acall_reranker,
+        AsyncRerankClient.rerank,
+        AsyncRerankClient.rerank_response,
+        AsyncRerankClient._drive_until,
+        AsyncRerankClient._drive,
+        AsyncRerankClient._fork,
+        AsyncRerankClient._send,
+        aiohttp_io.AiohttpIO.request,
+        flow.Call.flow,
+        flow.Call._fork,
+        flow.Call._batch,
+    ]
+    assert {f.__qualname__: f.__code__.co_cellvars for f in waiting if f.__code__.co_cellvars} == {}
