@@ -239,7 +239,6 @@ def documents(rounds: int) -> dict[str, float]:
 
     from retrieval_stage.models import Reranked
     from retrieval_stage.spans import fit
-    from retrieval_stage.spans.content import cap_content
     from retrieval_stage.telemetry import otlp_encoder as enc
 
     tag = b"\x4a"  # Span.attributes
@@ -260,23 +259,9 @@ def documents(rounds: int) -> dict[str, float]:
     }
     c = enc._c
     if c is not None:
-        cache = enc._c_key_cache(tag)
 
         def direct() -> bytes:
-            data: bytes = c.documents(
-                tag,
-                cache,
-                record.in_keys,
-                record.out_keys,
-                record.documents,
-                record.n_in,
-                record.max_bytes,
-                record.output_content,
-                cap_content,
-                record.in_metas,
-                record.out_metas,
-            )
-            return data
+            return enc.documents_bytes(record)
 
         if direct() != enc._attributes_bytes(tag, flat):
             raise RuntimeError("the record's encoding differs from the flattened one")

@@ -30,14 +30,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.trace import Span
 from opentelemetry.util.types import AttributeValue
 
 from .._log import get_logger
 from ..validate import InvalidSetting, env_flag
 from .fit import DocumentsRecord
-from .otel_private import plain_attributes, set_span_attributes
+from .otel_private import plain_attributes, set_again, set_span_attributes, writable_store
 
 __all__ = [
     "DEFER_ENV",
@@ -155,17 +154,11 @@ def write_outcome(
     """``span.set_attributes(head)``, then the documents: kept as `record` (with `deferring`,
     where `defer` would keep them) or written after `head`. One lock for both where the span
     allows it (`otel_private.set_span_attributes`'s conditions); `vouched` as there."""
-    bounded = getattr(span, "_attributes", None)
-    if (
-        deferring
-        and record.documents
-        and isinstance(span, SdkSpan)
-        and type(bounded) is BoundedAttributes
-        and bounded.max_value_len is None
-        and (vouched or plain_attributes(head))
-    ):
-        with span._lock:
-            if span._end_time is None:
+    writable = writable_store(span) if deferring and record.documents else None
+    if writable is not None and (vouched or plain_attributes(head)):
+        sdk_span, bounded = writable
+        with sdk_span._lock:
+            if sdk_span._end_time is None:
                 with bounded._lock:
                     if _store_and_keep(bounded, head, record):
                         return
@@ -181,10 +174,7 @@ def _store_and_keep(
     again moves to the end) and `record` kept after it, when everything fits and no key on the
     span could be one of the record's; else False, with nothing changed."""
     stored = bounded._dict
-    if len(stored) <= len(head):
-        again = [key for key in stored if key in head]
-    else:
-        again = [key for key in head if key in stored]
+    again = set_again(stored, head)
     fresh = len(head) - len(again)
     if bounded.maxlen is not None and len(stored) + fresh + record.bound > bounded.maxlen:
         return False
@@ -202,17 +192,12 @@ def _store_and_keep(
 def defer(span: Span, record: DocumentsRecord) -> bool:
     """Keep `record` as the tail of `span`'s attributes; False (nothing done) where that could
     differ from ``set_attributes(record.attributes())``: the caller then writes them."""
-    if not record.documents:
-        return False  # nothing worth deferring
-    bounded = getattr(span, "_attributes", None)
-    if not (
-        isinstance(span, SdkSpan)
-        and type(bounded) is BoundedAttributes
-        and bounded.max_value_len is None
-    ):
+    writable = writable_store(span) if record.documents else None  # none: nothing to keep
+    if writable is None:
         return False
-    with span._lock:
-        if span._end_time is not None:
+    sdk_span, bounded = writable
+    with sdk_span._lock:
+        if sdk_span._end_time is not None:
             return False
         with bounded._lock:
             return _store_and_keep(bounded, {}, record)

@@ -46,9 +46,11 @@ __all__ = [
     "SDK_DEFAULT_ATTRIBUTE_LIMIT",
     "attribute_limit",
     "plain_attributes",
+    "set_again",
     "set_span_attributes",
     "span_attributes",
     "tracing_suppressed",
+    "writable_store",
 ]
 
 _CLEAN = frozenset((str, bool, int, float))
@@ -107,23 +109,14 @@ def set_span_attributes(
     limit), so the per-value check is skipped: for ~300 document attributes it cost as much
     as storing them.
     """
-    bounded = getattr(span, "_attributes", None)
-    if (
-        isinstance(span, SdkSpan)
-        and type(bounded) is BoundedAttributes
-        and bounded.max_value_len is None
-        and (vouched or plain_attributes(attributes))
-    ):
-        with span._lock:
-            if span._end_time is None:
+    writable = writable_store(span)
+    if writable is not None and (vouched or plain_attributes(attributes)):
+        sdk_span, bounded = writable
+        with sdk_span._lock:
+            if sdk_span._end_time is None:
                 with bounded._lock:
                     stored = bounded._dict
-                    # Keys set before (a handful: the span's identity) are found by looking
-                    # the smaller mapping up in the larger one.
-                    if len(stored) <= len(attributes):
-                        again = [key for key in stored if key in attributes]
-                    else:
-                        again = [key for key in attributes if key in stored]
+                    again = set_again(stored, attributes)
                     fresh = len(attributes) - len(again)
                     if bounded.maxlen is None or len(stored) + fresh <= bounded.maxlen:
                         for key in again:
@@ -131,6 +124,30 @@ def set_span_attributes(
                         stored.update(attributes)
                         return
     span.set_attributes(attributes)
+
+
+def writable_store(span: Span) -> tuple[SdkSpan, BoundedAttributes] | None:
+    """An SDK span and its own `BoundedAttributes`, where values may be written straight into
+    the store: exactly that class (not a subclass, nor a deferred store) with no value-length
+    limit (which the SDK would apply while storing). None for anything else. The caller still
+    takes the span's and the store's locks and checks that the span has not ended."""
+    bounded = getattr(span, "_attributes", None)
+    if (
+        isinstance(span, SdkSpan)
+        and type(bounded) is BoundedAttributes
+        and bounded.max_value_len is None
+    ):
+        return span, bounded
+    return None
+
+
+def set_again(stored: Mapping[str, object], attributes: Mapping[str, object]) -> list[str]:
+    """The keys of `attributes` already in `stored` (which the SDK moves to the end when set
+    again): a handful at most, the span's identity, so the smaller mapping is looked up in the
+    larger one."""
+    if len(stored) <= len(attributes):
+        return [key for key in stored if key in attributes]
+    return [key for key in attributes if key in stored]
 
 
 def plain_attributes(attributes: Mapping[str, AttributeValue]) -> bool:

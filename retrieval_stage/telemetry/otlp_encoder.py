@@ -34,9 +34,11 @@ from opentelemetry.trace import SpanKind
 from .._native import SPEEDUPS
 from ..spans.content import cap_content
 from ..spans.deferred import snapshot
+from ..spans.fit import DocumentsRecord
 
 __all__ = [
     "UnsupportedValue",
+    "documents_bytes",
     "encode_spans_fast",
     "sdk_serialize_spans",
     "serialize_spans",
@@ -346,25 +348,30 @@ def _span_attributes(parts: _Parts, span: ReadableSpan) -> None:
             head, record = held
             cache = _c_key_cache(b"\x4a")
             parts.append(_c.attributes(b"\x4a", head, cache))
-            parts.append(
-                _c.documents(
-                    b"\x4a",
-                    cache,
-                    record.in_keys,
-                    record.out_keys,
-                    record.documents,
-                    record.n_in,
-                    record.max_bytes,
-                    record.output_content,
-                    cap_content,
-                    record.in_metas,
-                    record.out_metas,
-                )
-            )
+            parts.append(documents_bytes(record))
             if record.omitted:
                 parts.append(_c.attributes(b"\x4a", dict(record.omitted), cache))
             return
     _attributes(parts, b"\x4a", span.attributes)
+
+
+def documents_bytes(record: DocumentsRecord) -> bytes:
+    """A deferred record's documents as the KeyValue fields of Span.attributes, written by the
+    C loops straight from the record (which must be there: `_c` not None)."""
+    data: bytes = _c.documents(
+        b"\x4a",
+        _c_key_cache(b"\x4a"),
+        record.in_keys,
+        record.out_keys,
+        record.documents,
+        record.n_in,
+        record.max_bytes,
+        record.output_content,
+        cap_content,
+        record.in_metas,
+        record.out_metas,
+    )
+    return data
 
 
 def _attributes_bytes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:

@@ -41,20 +41,17 @@ from retrieval_stage.telemetry import otlp_encoder
 from retrieval_stage.telemetry.otlp_encoder import encode_spans_fast, sdk_serialize_spans
 
 from ..fakes import Reverse
+from ..native import LOOPS, use_loops
 from .test_span_shortcuts import TEXTS, calls
 
 # -- writing one span ---------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["c", "python"])
+@pytest.fixture(params=LOOPS)
 def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The encoder with its C loops (documents written from the record) or its Python ones
     (the record flattened first)."""
-    if request.param == "python":
-        monkeypatch.setattr(otlp_encoder, "_c", None)
-    elif otlp_encoder._c is None:
-        pytest.skip("the C loops are not built here: see test_the_c_loops_are_built")
-    return str(request.param)
+    return use_loops(request, monkeypatch, otlp_encoder)
 
 
 def write(

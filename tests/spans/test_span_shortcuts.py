@@ -45,6 +45,7 @@ from retrieval_stage.spans.keys import ATTR_INPUT_OMITTED, ATTR_OUTPUT_OMITTED
 from retrieval_stage.spans.reranker import RerankerSpans, masks_nothing
 
 from ..fakes import ByLength, Failing
+from ..native import LOOPS, use_loops
 
 # -- the plain way, as written before the shortcuts ---------------------------------------------
 
@@ -204,14 +205,10 @@ def config(hide_inputs: bool, hide_outputs: bool) -> TraceConfig:
 # -- documents ----------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["c", "python"])
+@pytest.fixture(params=LOOPS)
 def plan_loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """The record's list packed by the C loops, or by its Python."""
-    if request.param == "python":
-        monkeypatch.setattr(fit, "_c", None)
-    elif fit._c is None:
-        pytest.skip("the C loops are not built here: see test_the_c_loops_are_built")
-    return str(request.param)
+    return use_loops(request, monkeypatch, fit)
 
 
 @settings(
@@ -378,14 +375,10 @@ def test_float_reprs_at_the_edges_of_reprs_exponent_form(value: float) -> None:
     assert float_reprs([value, 0.5]) == [repr(value), "0.5"]
 
 
-@pytest.fixture(params=["c", "python"])
+@pytest.fixture(params=LOOPS)
 def output_loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """``output.value``'s common case written by the C loops, or by its Python."""
-    if request.param == "python":
-        monkeypatch.setattr(content, "_c", None)
-    elif content._c is None:
-        pytest.skip("the C loops are not built here: see test_the_c_loops_are_built")
-    return str(request.param)
+    return use_loops(request, monkeypatch, content)
 
 
 @settings(

@@ -52,6 +52,7 @@ from retrieval_stage.telemetry.otlp_encoder import (
 from retrieval_stage.telemetry.otlp_exporter import FAST_OTLP_ENV, FastOTLPSpanExporter
 
 from ..fakes import Failing, Reverse
+from ..native import LOOPS, use_loops
 
 # -- helpers ----------------------------------------------------------------------------------
 
@@ -65,14 +66,10 @@ def recorded(
     return provider, exporter
 
 
-@pytest.fixture(autouse=True, params=["c", "python"])
+@pytest.fixture(autouse=True, params=LOOPS)
 def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test here runs twice: the encoder with its C loops, and with its Python ones."""
-    if request.param == "python":
-        monkeypatch.setattr(otlp_encoder, "_c", None)
-    elif otlp_encoder._c is None:
-        pytest.skip("the C loops are not built here: see test_the_c_loops_are_built")
-    return str(request.param)
+    return use_loops(request, monkeypatch, otlp_encoder)
 
 
 def assert_identical(spans: Sequence[ReadableSpan]) -> bytes:
