@@ -23,6 +23,14 @@
 #include <stdio.h>
 #include <string.h>
 
+/* No fused multiply-add: the quality walk's floats must be the Python's, operation for
+ * operation (the build also passes -ffp-contract=off where the compiler takes it). */
+#if defined(_MSC_VER)
+#pragma fp_contract(off)
+#elif defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 #if PY_VERSION_HEX >= 0x030B0000
 #define FLOAT_PACK8 PyFloat_Pack8
 #else
@@ -224,7 +232,7 @@ typedef struct {
     Py_ssize_t kv;
 } Item;
 
-#define INLINE_ITEMS 512
+#define INLINE_ITEMS 64
 
 /* The fields of one call: resolved first (every callback into Python happens then), then
  * written into one bytes object of exactly their size, so no buffer is grown, shrunk or
@@ -248,6 +256,21 @@ static void batch_init(Batch *b, PyObject *tag, PyObject *cache) {
     b->len = 0;
     b->cap = INLINE_ITEMS;
     b->size = 0;
+}
+
+/* Room for `n` items in all, made once (a RERANKER span's ~300 document attributes). */
+static int batch_reserve(Batch *b, Py_ssize_t n) {
+    if (n <= b->cap) return 0;
+    Item *items = PyMem_Malloc((size_t)n * sizeof(Item));
+    if (items == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(items, b->items, (size_t)b->len * sizeof(Item));
+    if (b->items != b->inline_items) PyMem_Free(b->items);
+    b->items = items;
+    b->cap = n;
+    return 0;
 }
 
 static void batch_clear(Batch *b) {
@@ -380,6 +403,10 @@ static PyObject *attributes(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (items == NULL) return NULL;
     Batch b;
     batch_init(&b, tag, cache);
+    if (batch_reserve(&b, PyList_GET_SIZE(items)) < 0) {
+        Py_DECREF(items);
+        return NULL;
+    }
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
         PyObject *item = PyList_GET_ITEM(items, i);
         PyObject *value = PyTuple_GET_ITEM(item, 1);
@@ -439,31 +466,23 @@ static int meta_at(PyObject *metas, Py_ssize_t i, PyObject **out) {
     return 0;
 }
 
-/* documents(tag, cache, in_keys, out_keys, documents, n_in, max_bytes, output_content, cap,
- *           in_metas, out_metas) -> bytes
+/* documents(tag, cache, in_keys, out_keys, documents, n_in, in_metas, out_metas) -> bytes
  *
  * The KeyValue fields spans.fit.DocumentsRecord.attributes() would hold, in its order,
- * without building them. `documents` is the record's list: `n_in` input candidates, then the
- * n output candidates, then their n scores. Per input its capped id and text, its recall
- * score unless None, its metadata JSON (`in_metas[i]`, made when the call ended: a caller's
- * mapping may change later) unless None; per output its candidate's capped id, its text (with
- * `output_content`), its score unless None, its metadata JSON (`out_metas[j]`) unless None.
- * `cap(text, max_bytes)` caps a long or non-ASCII text. */
+ * without building them. `documents` is the record's list: three per document, `n_in` inputs
+ * then the outputs, each its id, its text (None: left out) and its score (None: left out),
+ * all capped when the call ended; `in_metas[i]` and `out_metas[j]` their metadata JSON (None:
+ * left out), or None for no metadata at all. No callback into Python but `_any_value`, for a
+ * value that is not an exact str, bool, int or float. */
 static PyObject *documents(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 11) {
-        PyErr_SetString(PyExc_TypeError, "documents() takes 11 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "documents() takes 8 arguments");
         return NULL;
     }
     PyObject *tag = args[0], *cache = args[1], *in_keys = args[2], *out_keys = args[3];
-    PyObject *docs = args[4];
+    PyObject *docs = args[4], *in_metas = args[6], *out_metas = args[7];
     Py_ssize_t n_in = PyLong_AsSsize_t(args[5]);
     if (n_in == -1 && PyErr_Occurred()) return NULL;
-    PyObject *limit = args[6];
-    Py_ssize_t max_bytes = PyLong_AsSsize_t(limit);
-    if (max_bytes == -1 && PyErr_Occurred()) return NULL;
-    int output_content = PyObject_IsTrue(args[7]);
-    if (output_content < 0) return NULL;
-    PyObject *cap = args[8], *in_metas = args[9], *out_metas = args[10];
     if (check_tag(tag, cache) < 0) return NULL;
     if (!PyTuple_Check(in_keys) || !PyTuple_Check(out_keys) || !PyList_CheckExact(docs) ||
         (in_metas != Py_None && !PyList_CheckExact(in_metas)) ||
@@ -471,80 +490,47 @@ static PyObject *documents(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "key tables must be tuples, the rest lists or None");
         return NULL;
     }
-    Py_ssize_t rest = PyList_GET_SIZE(docs) - n_in, n_out = rest / 2;
-    if (n_in < 0 || rest < 0 || rest % 2 || n_in > PyTuple_GET_SIZE(in_keys) ||
+    Py_ssize_t size = PyList_GET_SIZE(docs), n_out = size / 3 - n_in;
+    if (size % 3 || n_in < 0 || n_out < 0 || n_in > PyTuple_GET_SIZE(in_keys) ||
         n_out > PyTuple_GET_SIZE(out_keys)) {
         PyErr_SetString(PyExc_ValueError, "key tables shorter than the documents, or bad counts");
         return NULL;
     }
     Batch b;
     batch_init(&b, tag, cache);
-    PyObject *c = NULL, *field = NULL, *meta = NULL;
-
-    for (Py_ssize_t i = 0; i < n_in; i++) {
-        if (i >= PyList_GET_SIZE(docs)) goto changed;
-        PyObject *row = key_row(in_keys, i);
+    if (batch_reserve(&b, 4 * (n_in + n_out)) < 0) return NULL;
+    PyObject *meta = NULL;
+    for (Py_ssize_t d = 0; d < n_in + n_out; d++) {
+        int input = d < n_in;
+        Py_ssize_t at = 3 * d, i = input ? d : d - n_in;
+        if (at + 2 >= PyList_GET_SIZE(docs)) goto changed; /* a callback emptied it */
+        PyObject *row = key_row(input ? in_keys : out_keys, i);
         if (row == NULL) goto fail;
-        c = PyList_GET_ITEM(docs, i);
-        Py_INCREF(c);
-        if ((field = field_get(&cand_id, c)) == NULL) goto fail;
-        if (add_row(&b, row, 0, capped(field, max_bytes, cap, limit)) < 0) goto fail;
-        Py_CLEAR(field);
-        if ((field = field_get(&cand_text, c)) == NULL) goto fail;
-        if (add_row(&b, row, 1, capped(field, max_bytes, cap, limit)) < 0) goto fail;
-        Py_CLEAR(field);
-        if ((field = field_get(&cand_score, c)) == NULL) goto fail;
-        if (field != Py_None) {
-            Py_INCREF(field);
-            if (add_row(&b, row, 2, field) < 0) goto fail;
+        for (int slot = 0; slot < 3; slot++) {
+            PyObject *value = PyList_GET_ITEM(docs, at + slot);
+            if (value == Py_None) {
+                if (slot == 0) { /* an id is always there */
+                    PyErr_SetString(PyExc_ValueError, "a document without an id");
+                    goto fail;
+                }
+                continue;
+            }
+            Py_INCREF(value);
+            if (add_row(&b, row, slot, value) < 0) goto fail;
+            if (at + 2 >= PyList_GET_SIZE(docs)) goto changed;
         }
-        Py_CLEAR(field);
-        if (meta_at(in_metas, i, &meta) < 0) goto fail;
+        if (meta_at(input ? in_metas : out_metas, i, &meta) < 0) goto fail;
         if (meta != NULL) {
             PyObject *value = meta;
             meta = NULL;
             if (add_row(&b, row, 3, value) < 0) goto fail;
         }
-        Py_CLEAR(c);
-    }
-
-    for (Py_ssize_t j = 0; j < n_out; j++) {
-        if (n_in + n_out + j >= PyList_GET_SIZE(docs)) goto changed;
-        PyObject *row = key_row(out_keys, j);
-        if (row == NULL) goto fail;
-        c = PyList_GET_ITEM(docs, n_in + j);
-        Py_INCREF(c);
-        if ((field = field_get(&cand_id, c)) == NULL) goto fail;
-        if (add_row(&b, row, 0, capped(field, max_bytes, cap, limit)) < 0) goto fail;
-        Py_CLEAR(field);
-        if (output_content) {
-            if ((field = field_get(&cand_text, c)) == NULL) goto fail;
-            if (add_row(&b, row, 1, capped(field, max_bytes, cap, limit)) < 0)
-                goto fail;
-            Py_CLEAR(field);
-        }
-        field = PyList_GET_ITEM(docs, n_in + n_out + j);
-        Py_INCREF(field);
-        if (field != Py_None) {
-            Py_INCREF(field);
-            if (add_row(&b, row, 2, field) < 0) goto fail;
-        }
-        Py_CLEAR(field);
-        if (meta_at(out_metas, j, &meta) < 0) goto fail;
-        if (meta != NULL) {
-            PyObject *value = meta;
-            meta = NULL;
-            if (add_row(&b, row, 3, value) < 0) goto fail;
-        }
-        Py_CLEAR(c);
     }
     return batch_write(&b);
 
 changed:
     PyErr_SetString(PyExc_RuntimeError, "the documents changed while being encoded");
 fail:
-    Py_XDECREF(field);
-    Py_XDECREF(c);
     batch_clear(&b);
     return NULL;
 }
@@ -787,67 +773,89 @@ done:
 
 /* -- the documents' record ------------------------------------------------------------- */
 
-/* pack_documents(candidates, kept_in, outputs, kept_out) -> (list, bool)
+/* pack_documents(candidates, kept_in, outputs, kept_out, max_bytes, output_content, cap)
+ *     -> (list, bool)
  *
- * spans.fit._plan's list in one pass: the first `kept_in` candidates, then the first
- * `kept_out` outputs' candidates, then their scores; and whether any of those candidates has
- * metadata (a truthy `metadata`). Both sequences must be lists. */
+ * spans.fit._pack in one pass: three per document, the first `kept_in` candidates (capped id,
+ * capped text, recall score) then the first `kept_out` outputs (their candidate's capped id,
+ * its capped text or None without `output_content`, the output's score), and whether any of
+ * those candidates has metadata (a truthy `metadata`). Capped as spans.content.capped caps:
+ * as it is when a str of ASCII no longer than `max_bytes`, else `cap(text, max_bytes)`. Both
+ * sequences must be lists; each is copied first, so nothing a callback does can change what is
+ * walked. */
 static PyObject *pack_documents(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "pack_documents(candidates, kept_in, outputs, kept_out)");
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "pack_documents() takes 7 arguments");
         return NULL;
     }
-    PyObject *candidates = args[0], *outputs = args[2];
+    PyObject *limit = args[4], *cap = args[6];
     Py_ssize_t kept_in = PyLong_AsSsize_t(args[1]), kept_out = PyLong_AsSsize_t(args[3]);
-    if ((kept_in == -1 || kept_out == -1) && PyErr_Occurred()) return NULL;
-    if (!PyList_CheckExact(candidates) || !PyList_CheckExact(outputs)) {
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(limit);
+    if ((kept_in == -1 || kept_out == -1 || max_bytes == -1) && PyErr_Occurred()) return NULL;
+    int output_content = PyObject_IsTrue(args[5]);
+    if (output_content < 0) return NULL;
+    if (!PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2])) {
         PyErr_SetString(PyExc_TypeError, "candidates and outputs must be lists");
         return NULL;
     }
-    if (kept_in < 0 || kept_out < 0 || kept_in > PyList_GET_SIZE(candidates) ||
-        kept_out > PyList_GET_SIZE(outputs)) {
+    if (kept_in < 0 || kept_out < 0 || kept_in > PyList_GET_SIZE(args[0]) ||
+        kept_out > PyList_GET_SIZE(args[2])) {
         PyErr_SetString(PyExc_ValueError, "kept counts out of range");
         return NULL;
     }
-    PyObject *packed = PyList_New(kept_in + 2 * kept_out);
-    if (packed == NULL) return NULL;
+    PyObject *candidates = PyList_GetSlice(args[0], 0, kept_in);
+    PyObject *outputs = PyList_GetSlice(args[2], 0, kept_out);
+    PyObject *packed = PyList_New(3 * (kept_in + kept_out));
+    PyObject *c = NULL, *field = NULL;
     int metadata = 0;
-    for (Py_ssize_t i = 0; i < kept_in; i++) {
-        PyObject *c = PyList_GET_ITEM(candidates, i);
-        Py_INCREF(c);
-        PyList_SET_ITEM(packed, i, c);
-    }
-    for (Py_ssize_t j = 0; j < kept_out; j++) {
-        /* A callback below (a metadata's __len__) could change the list: re-check the size. */
-        if (j >= PyList_GET_SIZE(outputs)) {
-            PyErr_SetString(PyExc_RuntimeError, "the outputs changed while being packed");
+    if (candidates == NULL || outputs == NULL || packed == NULL) goto fail;
+    for (Py_ssize_t d = 0; d < kept_in + kept_out; d++) {
+        int input = d < kept_in;
+        PyObject *r = input ? NULL : PyList_GET_ITEM(outputs, d - kept_in);
+        if (input) {
+            c = PyList_GET_ITEM(candidates, d);
+            Py_INCREF(c);
+        } else if ((c = field_get(&out_candidate, r)) == NULL) {
             goto fail;
         }
-        PyObject *r = PyList_GET_ITEM(outputs, j);
-        Py_INCREF(r);
-        PyObject *c = field_get(&out_candidate, r);
-        PyObject *score = c != NULL ? field_get(&out_score, r) : NULL;
-        Py_DECREF(r);
-        if (score == NULL) {
-            Py_XDECREF(c);
-            goto fail;
+        if ((field = field_get(&cand_id, c)) == NULL) goto fail;
+        PyObject *value = capped(field, max_bytes, cap, limit);
+        if (value == NULL) goto fail;
+        PyList_SET_ITEM(packed, 3 * d, value);
+        Py_CLEAR(field);
+        if (input || output_content) {
+            if ((field = field_get(&cand_text, c)) == NULL) goto fail;
+            value = capped(field, max_bytes, cap, limit);
+            if (value == NULL) goto fail;
+            Py_CLEAR(field);
+        } else {
+            value = Py_None;
+            Py_INCREF(value);
         }
-        PyList_SET_ITEM(packed, kept_in + j, c);
-        PyList_SET_ITEM(packed, kept_in + kept_out + j, score);
+        PyList_SET_ITEM(packed, 3 * d + 1, value);
+        value = input ? field_get(&cand_score, c) : field_get(&out_score, r);
+        if (value == NULL) goto fail;
+        PyList_SET_ITEM(packed, 3 * d + 2, value);
+        if (!metadata) {
+            if ((field = field_get(&cand_metadata, c)) == NULL) goto fail;
+            metadata = PyObject_IsTrue(field);
+            Py_CLEAR(field);
+            if (metadata < 0) goto fail;
+        }
+        Py_CLEAR(c);
     }
-    for (Py_ssize_t i = 0; i < kept_in + kept_out && !metadata; i++) {
-        PyObject *meta = field_get(&cand_metadata, PyList_GET_ITEM(packed, i));
-        if (meta == NULL) goto fail;
-        metadata = PyObject_IsTrue(meta);
-        Py_DECREF(meta);
-        if (metadata < 0) goto fail;
-    }
+    Py_DECREF(candidates);
+    Py_DECREF(outputs);
     PyObject *result = PyTuple_Pack(2, packed, metadata ? Py_True : Py_False);
     Py_DECREF(packed);
     return result;
 
 fail:
-    Py_DECREF(packed);
+    Py_XDECREF(c);
+    Py_XDECREF(field);
+    Py_XDECREF(candidates);
+    Py_XDECREF(outputs);
+    Py_XDECREF(packed); /* its unset items are NULL, which list_dealloc passes over */
     return NULL;
 }
 
@@ -872,13 +880,19 @@ static PyObject *output_value(PyObject *self, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     PyObject *outputs = args[0], *scores = args[1], *raw = args[2];
+    if (!PyLong_CheckExact(args[3])) Py_RETURN_NONE; /* a cap the general path reads */
     Py_ssize_t max_bytes = PyLong_AsSsize_t(args[3]);
-    if (max_bytes == -1 && PyErr_Occurred()) return NULL;
+    if (max_bytes == -1 && PyErr_Occurred()) { /* beyond a Py_ssize_t: the general path */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
     if (!PyList_CheckExact(outputs) && !PyTuple_CheckExact(outputs)) Py_RETURN_NONE;
     if (!PyList_CheckExact(scores) || !PyBytes_Check(raw)) Py_RETURN_NONE;
-    PyObject *items = PySequence_Fast(outputs, "outputs");
+    /* A copy of its own: reading an id may run Python (a Candidate subclass's attribute),
+     * which could change the caller's list under a borrowed reference. */
+    PyObject *items = PySequence_List(outputs);
     if (items == NULL) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    Py_ssize_t n = PyList_GET_SIZE(items);
     if (PyList_GET_SIZE(scores) != n) {
         Py_DECREF(items);
         Py_RETURN_NONE;
@@ -934,7 +948,7 @@ static PyObject *output_value(PyObject *self, PyObject *const *args, Py_ssize_t 
     /* The ids: exact str, printable ASCII, nothing to escape, none to cap. */
     Py_ssize_t total = OUTPUT_HEAD_LEN + 2;  /* head, then "]}" */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *c = field_get(&out_candidate, PySequence_Fast_GET_ITEM(items, i));
+        PyObject *c = field_get(&out_candidate, PyList_GET_ITEM(items, i));
         if (c == NULL) goto done;
         ids[i] = field_get(&cand_id, c);
         Py_DECREF(c);
@@ -1035,6 +1049,8 @@ static inline Py_ssize_t count_below(const uint64_t *words, Py_ssize_t r) {
     return count;
 }
 
+#define WALK_MAX 8192 /* n0 = n(n-1)/2 < 2^25.5, so n0 * n0 < 2^51: exact in a double */
+
 /* quality_walk(scored, recall, k, full, weights, tails) -> tuple | None
  *
  * quality._walk for scores best first, as (top, tau, rbo, spread), with the same arithmetic
@@ -1057,7 +1073,9 @@ static PyObject *quality_walk(PyObject *self, PyObject *const *args, Py_ssize_t 
         !PyList_CheckExact(tails))
         Py_RETURN_NONE;
     Py_ssize_t n = PyList_GET_SIZE(scored), n_ranks = PyList_GET_SIZE(recall);
-    if (n == 0 || k < 0 || k > n || k >= PyList_GET_SIZE(weights) ||
+    /* Beyond WALK_MAX pairs tau's n0 * (n0 - tied) no longer fits a double exactly (nor, far
+     * beyond, a long long): the Python computes it in integers. */
+    if (n == 0 || n > WALK_MAX || k < 0 || k > n || k >= PyList_GET_SIZE(weights) ||
         k >= PyList_GET_SIZE(tails))
         Py_RETURN_NONE;
     Py_ssize_t n_words = n_ranks / 64 + 1;

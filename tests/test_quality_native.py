@@ -148,3 +148,20 @@ def test_bit_sets_of_every_width_walk_alike(n: int, monkeypatch: pytest.MonkeyPa
     for top_k in (None, 0, 1, n // 2, n):
         native, python = both(cands, scored, top_k, monkeypatch)
         assert same(native, python)
+
+
+def test_past_the_exact_range_the_c_walk_hands_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond 8,192 pairs tau's n0 * (n0 - tied) is not exact in a double (and far beyond,
+    overflows a long long): the Python walk, in integers, answers there."""
+    n = 8_193
+    cands = [Candidate(f"d{i}", "t", float(n - i)) for i in range(n)]
+    scored = [(p, float(n // 2 - i // 2)) for i, p in enumerate(range(n))]  # tied in pairs
+    recall = recall_order(cands)
+    weights, tails = quality._rbo_weights(n)
+    assert quality._c is not None
+    assert quality._c.quality_walk(scored, recall, n, True, weights, tails) is None
+    small = scored[:8_192]
+    weights, tails = quality._rbo_weights(8_192)
+    assert quality._c.quality_walk(small, recall, 8_192, True, weights, tails) is not None
+    native, python = both(cands, scored, None, monkeypatch)
+    assert same(native, python)

@@ -126,7 +126,7 @@ def _plain_output(outputs: Sequence[Reranked], max_bytes: int) -> str | None:
     if not set(map(type, scores)) <= _FLOAT:
         return None
     raw: bytes = _ORJSON.dumps(scores)
-    if _c is not None:  # the same, in C (`retrieval_stage._native`)
+    if _c is not None:  # the same, in C (`retrieval_stage._native`); None: not its case
         text: str | None = _c.output_value(outputs, scores, raw, max_bytes)
         return text
     ids: list[str] = list(map(_CANDIDATE_ID, outputs))

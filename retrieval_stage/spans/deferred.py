@@ -173,6 +173,8 @@ def _store_and_keep(
     """Under the span's and the store's locks: `head` stored as the SDK stores it (a key set
     again moves to the end) and `record` kept after it, when everything fits and no key on the
     span could be one of the record's; else False, with nothing changed."""
+    if type(bounded) is not BoundedAttributes:  # another writer deferred it first
+        return False
     stored = bounded._dict
     again = set_again(stored, head)
     fresh = len(head) - len(again)

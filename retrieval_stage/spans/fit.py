@@ -12,8 +12,9 @@ candidate appears both as an input and as an output document.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
-from itertools import islice, repeat
+from itertools import repeat
 from operator import attrgetter, is_
 from typing import Any, NamedTuple
 
@@ -171,24 +172,22 @@ def outcome_plan(
 class DocumentsRecord(NamedTuple):
     """A RERANKER span's documents as decided when the call ended, not yet flattened.
 
-    `attributes()` flattens them into the span's attributes: per kept input its capped id and
-    text, its recall score unless None and its metadata JSON unless None; per kept output its
-    capped id, its text (with `output_content`), its score unless None and its metadata JSON
-    unless None; then the omitted-document counts that fit. The record holds the caller's own
-    candidates, and for the outputs each one's candidate and score (not the `Reranked`
-    objects, which would otherwise live as long as the span), in one list of its own, and every
-    value in it is immutable, so the result is the same whenever it is computed. `bound` is at
-    most how many attributes that makes.
+    `attributes()` flattens them into the span's attributes: per kept input its id and text,
+    its recall score unless None and its metadata JSON unless None; per kept output its id,
+    its text (with `output_content`), its score unless None and its metadata JSON unless None;
+    then the omitted-document counts that fit. Everything is capped and turned into JSON when
+    the call ends, so the record holds exactly the strings and numbers the eager write would
+    store (the same objects), nothing of the caller's beyond them: a span waiting in an export
+    queue keeps no `Candidate`, text or metadata mapping alive. `bound` is at most how many
+    attributes that makes.
     """
 
     documents: list[Any]
-    """The kept inputs' candidates, then the kept outputs' candidates, then their scores (None:
-    none): one object for the garbage collector while the span waits to be exported (each
-    object a queued span holds adds to its collections, `spans.deferred`)."""
+    """Three per document, kept inputs first, then kept outputs: its id, its text (None for an
+    output without content) and its score (None: none). One object for the garbage collector
+    while the span waits to be exported (`spans.deferred`)."""
     n_in: int
-    """How many of `documents` are inputs; the outputs are half of the rest each."""
-    max_bytes: int
-    output_content: bool
+    """How many of the documents are inputs."""
     in_metas: list[str | None] | None
     out_metas: list[str | None] | None
     in_keys: tuple[_Keys, ...]
@@ -197,64 +196,38 @@ class DocumentsRecord(NamedTuple):
     bound: int
 
     @property
-    def candidates(self) -> list[Candidate]:
-        """The kept inputs."""
-        return self.documents[: self.n_in]
-
-    @property
     def n_out(self) -> int:
         """How many outputs are kept."""
-        return (len(self.documents) - self.n_in) // 2
+        return len(self.documents) // 3 - self.n_in
 
     def attributes(self) -> dict[str, AttributeValue]:
-        """The documents' attributes, in the order the span holds them.
-
-        Ids and texts are capped inline (`capped`'s test, then `cap_content` only for a long or
-        non-ASCII one): at ~200 per call the function calls alone were a tenth of the span's
-        cost (issue 26)."""
+        """The documents' attributes, in the order the span holds them."""
         attributes: dict[str, AttributeValue] = {}
-        max_bytes = self.max_bytes
         documents = self.documents
-        n_in = self.n_in
         keys = self.in_keys
         metas = self.in_metas
-        for i in range(n_in):
-            c = documents[i]
+        at = 0
+        for i in range(self.n_in):
             k = keys[i]
-            text = c.id
-            attributes[k[0]] = (
-                text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
-            )
-            text = c.text
-            attributes[k[1]] = (
-                text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
-            )
-            if c.score is not None:
-                attributes[k[2]] = c.score
+            attributes[k[0]] = documents[at]
+            attributes[k[1]] = documents[at + 1]
+            if (score := documents[at + 2]) is not None:
+                attributes[k[2]] = score
             if metas is not None and (meta := metas[i]) is not None:
                 attributes[k[3]] = meta
-        output_content = self.output_content
-        n_out = self.n_out
+            at += 3
         keys = self.out_keys
         metas = self.out_metas
-        for j in range(n_out):
-            c = documents[n_in + j]
+        for j in range(self.n_out):
             k = keys[j]
-            text = c.id
-            attributes[k[0]] = (
-                text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
-            )
-            if output_content:
-                text = c.text
-                attributes[k[1]] = (
-                    text
-                    if len(text) <= max_bytes and text.isascii()
-                    else cap_content(text, max_bytes)
-                )
-            if (score := documents[n_in + n_out + j]) is not None:
+            attributes[k[0]] = documents[at]
+            if (text := documents[at + 1]) is not None:
+                attributes[k[1]] = text
+            if (score := documents[at + 2]) is not None:
                 attributes[k[2]] = score
             if metas is not None and (meta := metas[j]) is not None:
                 attributes[k[3]] = meta
+            at += 3
         attributes.update(self.omitted)
         return attributes
 
@@ -278,14 +251,18 @@ def _plan(
         )
     cands = candidates[:kept_in]
     outs = outputs[:kept_out]
-    # The record's own list: the inputs, the outputs' candidates, their scores.
-    if _c is not None and type(candidates) is list and type(outputs) is list:
-        documents, metadata = _c.pack_documents(candidates, kept_in, outputs, kept_out)
+    if (
+        _c is not None
+        and type(candidates) is list
+        and type(outputs) is list
+        and type(max_bytes) is int
+        and max_bytes <= _SIZE_MAX
+    ):
+        documents, metadata = _c.pack_documents(
+            candidates, kept_in, outputs, kept_out, max_bytes, output_content, cap_content
+        )
     else:
-        documents = list(cands)
-        documents += map(_CANDIDATE, outs)
-        documents += map(_SCORE_OF, outs)
-        metadata = any(map(_METADATA_OF, islice(documents, kept_in + kept_out)))
+        documents, metadata = _pack(cands, outs, max_bytes, output_content)
     in_metas = out_metas = None
     if metadata:  # else none has any
         in_metas, out_metas = _metadata(candidates, cands, outs, max_bytes, output_content)
@@ -293,9 +270,7 @@ def _plan(
     # say whether the omitted counts fit after them.
     bound = 4 * (kept_in + kept_out)
     if room is not None and bound + _RESERVED > room:
-        bound = _documents_size(
-            cands, documents[kept_in + kept_out :], in_metas, out_metas, output_content
-        )
+        bound = _documents_size(documents, in_metas, out_metas)
     omitted: tuple[tuple[str, int], ...] = ()
     for key, count in (
         (ATTR_INPUT_OMITTED, n_in - kept_in),
@@ -306,8 +281,6 @@ def _plan(
     return DocumentsRecord(
         documents,
         kept_in,
-        max_bytes,
-        output_content,
         in_metas,
         out_metas,
         _INPUT_KEYS.cover(kept_in),
@@ -317,17 +290,57 @@ def _plan(
     )
 
 
+_SIZE_MAX = sys.maxsize
+"""The largest cap the C packing takes (a C ``Py_ssize_t``); a larger one, or one that is not
+an int, is packed by `_pack`."""
+
+
+def _pack(
+    cands: Sequence[Candidate], outs: Sequence[Reranked], max_bytes: int, output_content: bool
+) -> tuple[list[Any], bool]:
+    """`DocumentsRecord.documents` for these documents, and whether any has metadata: each id
+    and text capped inline (`capped`'s test, then `cap_content` only for a long or non-ASCII
+    one: at ~200 per call the function calls alone were a tenth of the span's cost, issue 26).
+    `_speedups.pack_documents` does the same in C."""
+    documents: list[Any] = []
+    metadata = False
+    for c in cands:
+        text = c.id
+        documents.append(
+            text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
+        )
+        text = c.text
+        documents.append(
+            text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
+        )
+        documents.append(c.score)
+        metadata = metadata or bool(c.metadata)
+    for r in outs:
+        c = r.candidate
+        text = c.id
+        documents.append(
+            text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
+        )
+        if output_content:
+            text = c.text
+            documents.append(
+                text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
+            )
+        else:
+            documents.append(None)
+        documents.append(r.score)
+        metadata = metadata or bool(c.metadata)
+    return documents, metadata
+
+
 def _documents_size(
-    cands: Sequence[Candidate],
-    out_scores: list[Any],
+    documents: list[Any],
     in_metas: list[str | None] | None,
     out_metas: list[str | None] | None,
-    output_content: bool,
 ) -> int:
-    """How many attributes `DocumentsRecord.attributes` makes of these documents."""
-    size = 2 * len(cands) + sum(c.score is not None for c in cands)
-    size += (2 if output_content else 1) * len(out_scores)
-    size += len(out_scores) - out_scores.count(None)
+    """How many attributes `DocumentsRecord.attributes` makes of these documents: an id each,
+    every text and score that is not None, every metadata JSON that is not None."""
+    size = len(documents) - documents.count(None)
     for metas in (in_metas, out_metas):
         if metas is not None:
             size += len(metas) - metas.count(None)

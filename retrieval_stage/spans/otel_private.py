@@ -118,7 +118,11 @@ def set_span_attributes(
                     stored = bounded._dict
                     again = set_again(stored, attributes)
                     fresh = len(attributes) - len(again)
-                    if bounded.maxlen is None or len(stored) + fresh <= bounded.maxlen:
+                    # The class checked again under the lock (another writer may have deferred
+                    # documents meanwhile: then the SDK's path, which flattens them first).
+                    if type(bounded) is BoundedAttributes and (
+                        bounded.maxlen is None or len(stored) + fresh <= bounded.maxlen
+                    ):
                         for key in again:
                             del stored[key]
                         stored.update(attributes)

@@ -32,7 +32,6 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
 from .._native import SPEEDUPS
-from ..spans.content import cap_content
 from ..spans.deferred import snapshot
 from ..spans.fit import DocumentsRecord
 
@@ -365,9 +364,6 @@ def documents_bytes(record: DocumentsRecord) -> bytes:
         record.out_keys,
         record.documents,
         record.n_in,
-        record.max_bytes,
-        record.output_content,
-        cap_content,
         record.in_metas,
         record.out_metas,
     )

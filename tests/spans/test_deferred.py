@@ -285,12 +285,20 @@ def test_the_environment_switch_writes_the_documents_at_once(
     assert not is_deferred(span)
 
 
-def test_an_unparseable_switch_keeps_deferring(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_an_unparseable_switch_keeps_deferring_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    logged: list[tuple[str, dict[str, Any]]] = []
+
+    class Log:
+        def warning(self, event: str, **fields: Any) -> None:
+            logged.append((event, fields))
+
+    monkeypatch.setattr(deferred_module, "log", Log())
     monkeypatch.setenv(DEFER_ENV, "maybe")
     writer = RerankerSpans(TracerProvider(), trace_config=TraceConfig())
     assert writer.defer_documents
+    assert logged == [("rerank.config_invalid", {"variable": DEFER_ENV, "value": "maybe"})]
 
 
 def record_of(cands: list[Candidate], outputs: list[Reranked]) -> fit.DocumentsRecord:
@@ -332,7 +340,7 @@ def test_a_snapshot_is_the_head_and_the_record_until_the_store_is_flattened() ->
     head, record = held
     assert head["openinference.span.kind"] == "RERANKER"
     assert not any(".document." in key for key in head)
-    assert len(record.candidates) == 50
+    assert record.n_in == 50
     len(span.attributes or {})
     assert snapshot(span._attributes) is None
 
@@ -364,17 +372,34 @@ def test_the_callers_output_list_changed_after_the_call_does_not_change_the_span
     assert list((span.attributes or {}).items()) == expected
 
 
-def test_a_finished_span_keeps_no_reranked_output_alive() -> None:
-    """The record holds each output's candidate and score, not the `Reranked` objects: a
-    span waiting in an export queue would otherwise keep 50 more objects per call for the
-    garbage collector to walk."""
-    cands, outputs = fifty()
+class Embedding(list):  # type: ignore[type-arg]
+    """Something a caller's metadata may hold that is heavy to keep: weakly referable."""
+
+
+def test_a_deferred_span_keeps_none_of_the_callers_objects_alive() -> None:
+    """The record holds the capped strings and numbers the eager write would store, nothing
+    else: a span waiting in an export queue (a collector down for minutes fills it) keeps no
+    `Candidate`, no `Reranked`, no full text and no metadata mapping of the caller's alive."""
+    import weakref
+
+    long_text = "long " * 2000  # 10 KB: the span keeps its capped 2,000 bytes only
+    embedding = Embedding([0.5] * 384)
+    cands = [Candidate(f"doc-{i}", long_text, 0.5, {"embedding": embedding}) for i in range(3)]
+    outputs = [Reranked(cands[i], 0.9 - i / 10, i) for i in range(3)]
+    alive = [weakref.ref(embedding)]
     span = write(cands, outputs)
     assert is_deferred(span)
-    del outputs
+    record = deferred_module.snapshot(span._attributes)[1]  # type: ignore[index]
+    assert {type(value) for value in record.documents} <= {str, float}
+    assert all(len(value) <= 2000 for value in record.documents if type(value) is str)
+    del cands, outputs, embedding, record
     gc.collect()
-    assert not any(type(o) is Reranked for o in gc.get_objects())
-    assert (span.attributes or {})["reranker.output_documents.49.document.id"] == "doc-0"
+    assert [ref() for ref in alive] == [None]
+    attributes = span.attributes or {}
+    assert attributes["reranker.output_documents.2.document.id"] == "doc-2"
+    assert attributes["reranker.input_documents.0.document.metadata"].startswith(
+        '{"embedding": [0.5, 0.5'
+    )
 
 
 # -- concurrent readers ---------------------------------------------------------------------------

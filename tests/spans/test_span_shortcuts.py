@@ -322,6 +322,20 @@ def test_an_output_that_is_not_the_input_at_its_position_gets_its_own_metadata()
     assert attributes["reranker.output_documents.1.document.metadata"] == '{"of": "b"}'
 
 
+@pytest.mark.parametrize("hide_inputs", [True, False])
+def test_metadata_only_outputs_have_is_kept(plan_loops: str, hide_inputs: bool) -> None:
+    """No input with metadata (or none shown), an output with some: its JSON is still kept."""
+    cands = [Candidate("a", "x"), Candidate("b", "y")]
+    stranger = Candidate("s", "z", None, {"of": "stranger"})
+    outputs = [Reranked(stranger, 0.9, 0), Reranked(cands[1], 0.5, 1)]
+    config = TraceConfig(hide_inputs=hide_inputs)
+    attributes = fit._plan(None, cands, outputs, config, 2000, True).attributes()
+    assert attributes["reranker.output_documents.0.document.metadata"] == '{"of": "stranger"}'
+    expected: dict[str, Any] = {}
+    plain_documents(expected, None, cands, outputs, config, 2000, True)
+    assert list(attributes.items()) == list(expected.items())
+
+
 def test_a_key_the_span_already_holds_takes_no_new_room() -> None:
     limits = SpanLimits(max_span_attributes=11)
     span: Any = (
@@ -444,6 +458,39 @@ def test_fifty_full_precision_scores_are_cut_where_the_plain_way_cuts_them(
     assert ours == plain_output_value(outputs, fell_back=False, max_bytes=max_bytes)
     assert len(ours) <= max_bytes
     assert json.loads(ours)["omitted"] > 0
+
+
+def test_an_id_read_that_changes_the_outputs_cannot_crash_the_c_output_value() -> None:
+    """Reading a `Candidate` subclass's id runs Python, which may change the caller's list:
+    the C writer walks a copy of its own."""
+    outputs: list[Reranked] = []
+
+    class Meddling(Candidate):
+        def __getattribute__(self, name: str) -> Any:
+            if name == "id":
+                outputs.clear()
+            return object.__getattribute__(self, name)
+
+    outputs += [Reranked(Meddling("a", "t"), 0.5, 0), Reranked(Candidate("b", "t"), 0.25, 1)]
+    value = output_value(list(outputs), fell_back=False, max_bytes=2000)
+    assert json.loads(value)["documents"] == [{"id": "a", "score": 0.5}, {"id": "b", "score": 0.25}]
+
+
+@pytest.mark.parametrize("max_bytes", [10**20, 2**63])
+def test_a_cap_beyond_what_c_holds_still_writes_the_whole_outcome(max_bytes: int) -> None:
+    from retrieval_stage.telemetry.otlp_encoder import encode_spans_fast, sdk_serialize_spans
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=2048))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    cands = [Candidate(f"d{i}", "text é " * 3, 0.5) for i in range(5)]
+    RerankStage(ByLength(), tracer_provider=provider, max_content_length=max_bytes).run("q", cands)
+    (span,) = exporter.get_finished_spans()
+    body = encode_spans_fast([span])
+    attributes = span.attributes or {}
+    assert json.loads(str(attributes[SpanAttributes.OUTPUT_VALUE]))["documents"]
+    assert attributes["reranker.output_documents.4.document.content"] == "text é " * 3
+    assert body == sdk_serialize_spans([span])
 
 
 # -- masking ------------------------------------------------------------------------------------

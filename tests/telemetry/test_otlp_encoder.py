@@ -761,7 +761,8 @@ def test_the_c_frame_is_the_python_frame_or_leaves_the_span_to_it(loops: str) ->
     """`_speedups.span_frame` writes the fields around a span's attributes for a span with no
     trace state, events or links, and hands any other back: each case, byte for byte."""
     native = otlp_encoder.SPEEDUPS  # the C frame, whichever loops encode the spans below
-    assert native is not None
+    if native is None:
+        pytest.skip("the C loops are not built here: see test_the_c_loops_are_built")
     provider, exporter = recorded()
     tracer = provider.get_tracer("t")
     remote = SpanContext(0xABC, 0xDEF, True, TraceFlags(1), TraceState([("r", "1")]))

@@ -313,45 +313,54 @@ def _finished(events: bool = False, links: bool = False, limits: SpanLimits | No
     return exporter.get_finished_spans()[0]
 
 
-def test_the_queued_copy_is_the_same_span_to_an_exporter() -> None:
+@pytest.mark.filterwarnings("ignore:You should use instrumentation_scope:DeprecationWarning")
+def test_a_queued_span_without_its_empty_lists_is_the_same_span_to_every_reader() -> None:
     from opentelemetry.sdk.util import BoundedList
 
     from retrieval_stage.telemetry.otlp_encoder import encode_spans_fast, sdk_serialize_spans
-    from retrieval_stage.telemetry.tracing import lean_copy
+    from retrieval_stage.telemetry.tracing import drop_empty_lists
 
     span = _finished()
-    lean = lean_copy(span)
-    assert lean is not span
-    for name in (
-        "name", "context", "parent", "resource", "kind", "status", "start_time", "end_time",
-        "instrumentation_scope", "events", "links", "dropped_attributes", "dropped_events",
-        "dropped_links",
-    ):  # fmt: skip
-        assert getattr(lean, name) == getattr(span, name), name
-    assert lean._attributes is span._attributes  # the store itself: its drop count, its record
-    assert not isinstance(lean._events, BoundedList)
-    assert not isinstance(lean._links, BoundedList)
-    assert sdk_serialize_spans([lean]) == sdk_serialize_spans([span])
-    assert encode_spans_fast([lean]) == sdk_serialize_spans([span])
-    assert lean.to_json() == span.to_json()
+    before = {
+        name: getattr(span, name)
+        for name in (
+            "name", "context", "parent", "resource", "kind", "status", "start_time", "end_time",
+            "instrumentation_scope", "instrumentation_info", "events", "links",
+            "dropped_attributes", "dropped_events", "dropped_links",
+        )
+    }  # fmt: skip
+    attributes, as_json, body = span._attributes, span.to_json(), sdk_serialize_spans([span])
+    drop_empty_lists(span)
+    assert not isinstance(span._events, BoundedList)
+    assert not isinstance(span._links, BoundedList)
+    assert {name: getattr(span, name) for name in before} == before
+    assert span._attributes is attributes
+    assert span.to_json() == as_json
+    assert sdk_serialize_spans([span]) == body
+    assert encode_spans_fast([span]) == body
 
 
 @pytest.mark.parametrize(
     "kind",
     ["events", "links", "dropped events"],
 )
-def test_a_span_with_events_links_or_drops_is_queued_as_it_is(kind: str) -> None:
-    from retrieval_stage.telemetry.tracing import lean_copy
+def test_a_span_with_events_links_or_drops_keeps_its_lists(kind: str) -> None:
+    from retrieval_stage.telemetry.tracing import drop_empty_lists
 
     if kind == "dropped events":
         span = _finished(events=True, limits=SpanLimits(max_events=0))
         assert span.dropped_events == 1
     else:
         span = _finished(events=kind == "events", links=kind == "links")
-    assert lean_copy(span) is span
+    kept = span._links if kind == "links" else span._events
+    drop_empty_lists(span)
+    assert (span._links if kind == "links" else span._events) is kept
 
 
-def test_configure_tracing_queues_the_lean_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_configure_tracing_queues_the_span_every_processor_shares() -> None:
+    """The span our processor queues is the one the provider hands every processor: one
+    added after ours that edits it (a redaction, say) is exported as it left it."""
+    from opentelemetry.sdk.trace import SpanProcessor
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
     from opentelemetry.sdk.util import BoundedList
 
@@ -362,10 +371,16 @@ def test_configure_tracing_queues_the_lean_copy(monkeypatch: pytest.MonkeyPatch)
             exported.extend(spans)
             return SpanExportResult.SUCCESS
 
+    class Renaming(SpanProcessor):
+        def on_end(self, span: Any) -> None:
+            span._name = "renamed after ours"
+
     provider = configure_tracing("lean", exporter=Keeping())
+    provider.add_span_processor(Renaming())
     RerankStage(ByLength(), tracer_provider=provider).run("q", [Candidate("a", "x")])
     provider.force_flush()
     (span,) = exported
+    assert span.name == "renamed after ours"
     assert not isinstance(span._events, BoundedList)
     assert (span.attributes or {})["openinference.span.kind"] == "RERANKER"
     provider.shutdown()
@@ -435,6 +450,7 @@ def test_what_the_last_export_left_is_dropped_at_the_next_export_and_at_shutdown
     processor.force_flush()
     kept = weakref.ref(processor._exported._batches[0][0])
     processor.exporter.export([])  # the next export, with no span ended in between
+    assert not processor._exported._batches
     gc.collect()
     assert kept() is None
     tracer.start_span("b").end()
