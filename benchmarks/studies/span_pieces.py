@@ -67,7 +67,7 @@ def _knockouts() -> dict[str, tuple[Any, str, Any]]:
     from retrieval_stage import stage
     from retrieval_stage.spans import fit, reranker
 
-    empty = fit.DocumentsRecord([], 0, 2000, True, None, None, (), (), (), 0)
+    empty = fit.DocumentsRecord([], 0, None, None, (), (), (), 0)
     return {
         "the documents' record planned (fit._plan)": (fit, "_plan", lambda *a: empty),
         "the outcome stored and the record kept (deferred.write_outcome)": (
