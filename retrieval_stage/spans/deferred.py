@@ -213,5 +213,4 @@ def snapshot(attributes: object) -> tuple[dict[str, Any], DocumentsRecord] | Non
     with attributes._lock:
         if type(attributes) is not DeferredAttributes:
             return None
-        fields = vars(attributes)
-        return attributes._dict.copy(), DocumentsRecord._make([fields[name] for name in _KEPT])
+        return attributes._dict.copy(), attributes._record()

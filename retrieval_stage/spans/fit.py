@@ -2,12 +2,14 @@
 
 An OpenTelemetry SDK span keeps a bounded number of attributes and evicts the OLDEST when full,
 which would erase the span's kind and query first. So a span's identity is written at start and
-everything else last, in one call, only as much as fits: the outcome first, then documents,
-dropping from the tail (lowest ranked) first and recording how many were left out.
+everything else last, only as much as fits: the outcome first, then documents, dropping from the
+tail (lowest ranked) first and recording how many were left out. The documents are decided, capped
+and turned into JSON when the call ends (`outcome_plan`, a `DocumentsRecord`); flattening them
+into attributes can wait until the span is read (`spans.deferred`).
 
-Document keys are precomputed once per process (up to `KEY_CACHE_BOUND` positions); ids and
-texts are capped inline, and a candidate's metadata JSON is computed once even when the
-candidate appears both as an input and as an output document.
+Document keys are precomputed once per process (up to `KEY_CACHE_BOUND` positions), and a
+candidate's metadata JSON is computed once even when the candidate appears both as an input and
+as an output document.
 """
 
 from __future__ import annotations
