@@ -405,7 +405,7 @@ def _kept_processor() -> tuple[Any, list[Any]]:
 
 
 def test_an_exported_batch_is_released_by_the_spans_that_end_next() -> None:
-    """Kept after its export, dropped two spans per later `on_end`: not all at once on the
+    """Kept after its export, dropped one span per later `on_end`: not all at once on the
     worker thread (the collector counts those frees), and not kept for good."""
     import gc
     import weakref
@@ -427,7 +427,7 @@ def test_an_exported_batch_is_released_by_the_spans_that_end_next() -> None:
     batch = processor._exported._batches[0]
     kept = [weakref.ref(s) for s in batch]
     del batch
-    for _ in range(4):  # 4 ends release 8 of the 10
+    for _ in range(8):  # 8 ends release 8 of the 10
         tracer.start_span("next").end()
     gc.collect()
     assert sum(ref() is None for ref in kept) == 8
@@ -438,7 +438,40 @@ def test_an_exported_batch_is_released_by_the_spans_that_end_next() -> None:
     processor.shutdown()
 
 
-def test_what_the_last_export_left_is_dropped_at_the_next_export_and_at_shutdown() -> None:
+def test_two_spans_are_released_per_end_while_a_second_batch_waits() -> None:
+    """A second exported batch behind the first doubles the pace until the first is gone, so
+    what is kept stays about one batch however the exports fall."""
+    import gc
+    import weakref
+
+    processor, exported = _kept_processor()
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    tracer = provider.get_tracer("t")
+    waiting = processor._exported._batches
+    for _ in range(6):
+        tracer.start_span("first").end()
+    processor.force_flush()
+    kept = [weakref.ref(s) for s in waiting[0]]
+    for _ in range(4):  # one each: 4 of the first 6 go, the 4 spans themselves queue
+        tracer.start_span("second").end()
+    processor.force_flush()
+    assert exported == [6, 4]
+    assert len(waiting) == 2
+    gc.collect()
+    assert sum(ref() is None for ref in kept) == 4
+    tracer.start_span("third").end()  # two at once: the first batch's last two
+    gc.collect()
+    assert all(ref() is None for ref in kept)
+    assert [len(batch) for batch in waiting] == [4]
+    tracer.start_span("fourth").end()
+    assert [len(batch) for batch in waiting] == [3]  # one at a time again
+    processor.shutdown()
+
+
+def test_what_the_exports_left_is_dropped_two_exports_later_and_at_shutdown() -> None:
+    """With no span ended to release them, a kept batch goes when the second export after its
+    own keeps a batch: at most two are kept."""
     import gc
     import weakref
 
@@ -449,10 +482,21 @@ def test_what_the_last_export_left_is_dropped_at_the_next_export_and_at_shutdown
     tracer.start_span("a").end()
     processor.force_flush()
     kept = weakref.ref(processor._exported._batches[0][0])
-    processor.exporter.export([])  # the next export, with no span ended in between
-    assert not processor._exported._batches
+    elsewhere = TracerProvider().get_tracer("o")  # spans this processor never saw end
+    others = [elsewhere.start_span("o") for _ in range(2)]
+    for span in others:
+        span.end()
+    processor.exporter.export(others[:1])  # the next export, with no span ended in between
+    gc.collect()
+    assert kept() is not None
+    assert len(processor._exported._batches) == 2
+    processor.exporter.export([])  # nothing exported: nothing kept, nothing dropped
+    assert kept() is not None
+    assert len(processor._exported._batches) == 2
+    processor.exporter.export(others[1:])
     gc.collect()
     assert kept() is None
+    assert [batch[0] for batch in processor._exported._batches] == others
     tracer.start_span("b").end()
     processor.force_flush()
     assert processor._exported._batches
