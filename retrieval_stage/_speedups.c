@@ -537,14 +537,63 @@ fail:
 
 /* -- a span's frame ---------------------------------------------------------------------- */
 
+/* The frame's attribute names as interned str, made once: `PyObject_GetAttrString` would
+ * make and hash a new str for each of the ~20 lookups of every span. Keyed by the literal's
+ * address (each name is one literal in this file). */
+#define NAME_SLOTS 32
+static const char *name_keys[NAME_SLOTS];
+static PyObject *name_values[NAME_SLOTS];
+
 /* New reference to getattr(obj, name), or NULL with the error. */
-static inline PyObject *attr(PyObject *obj, const char *name) {
+static PyObject *attr(PyObject *obj, const char *name) {
+    for (int i = 0; i < NAME_SLOTS; i++) {
+        if (name_keys[i] == name) return PyObject_GetAttr(obj, name_values[i]);
+        if (name_keys[i] == NULL) {
+            PyObject *interned = PyUnicode_InternFromString(name);
+            if (interned == NULL) return NULL;
+            name_keys[i] = name;
+            name_values[i] = interned; /* kept for the life of the process */
+            return PyObject_GetAttr(obj, interned);
+        }
+    }
     return PyObject_GetAttrString(obj, name);
+}
+
+/* An enum member's value: its ``_value_`` (what ``.value`` returns, without the property's
+ * call), else ``.value`` itself for anything that is not an Enum member. */
+static PyObject *enum_value(PyObject *member) {
+    PyObject *value = attr(member, "_value_");
+    if (value != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) return value;
+    PyErr_Clear();
+    return attr(member, "value");
 }
 
 /* `value` (an int) as `n` big-endian bytes written at p; -1 when it does not fit (an error is
  * set: the Python writer then raises the same). */
 static int big_endian(PyObject *value, int n, char *p) {
+    if (PyLong_CheckExact(value) && (n == 8 || n == 16)) { /* the ids: no method call */
+        unsigned long long high = 0, low;
+        if (n == 16) {
+            PyObject *shift = PyLong_FromLong(64), *top = NULL;
+            if (shift != NULL) top = PyNumber_Rshift(value, shift);
+            Py_XDECREF(shift);
+            if (top == NULL) return -1;
+            high = PyLong_AsUnsignedLongLong(top); /* negative or too big: OverflowError */
+            Py_DECREF(top);
+            if (high == (unsigned long long)-1 && PyErr_Occurred()) goto method;
+            low = PyLong_AsUnsignedLongLongMask(value);
+        } else {
+            low = PyLong_AsUnsignedLongLong(value);
+        }
+        if (low == (unsigned long long)-1 && PyErr_Occurred()) goto method;
+        for (int i = 0; i < 8; i++) {
+            if (n == 16) p[i] = (char)((high >> (56 - 8 * i)) & 0xFF);
+            p[n - 8 + i] = (char)((low >> (56 - 8 * i)) & 0xFF);
+        }
+        return 0;
+    }
+method: /* anything else, and every error, as the Python writer meets it */
+    PyErr_Clear();
     PyObject *raw = PyObject_CallMethod(value, "to_bytes", "is", n, "big");
     if (raw == NULL) return -1;
     if (!PyBytes_Check(raw) || PyBytes_GET_SIZE(raw) != n) {
@@ -636,7 +685,7 @@ static PyObject *span_frame(PyObject *self, PyObject *span) {
     Py_ssize_t name_len;
     const char *name_raw = PyUnicode_AsUTF8AndSize(name, &name_len);
     if (name_raw == NULL) goto python;
-    if ((kind = attr(span, "kind")) == NULL || (value = attr(kind, "value")) == NULL ||
+    if ((kind = attr(span, "kind")) == NULL || (value = enum_value(kind)) == NULL ||
         !PyLong_CheckExact(value))
         goto python;
     long kind_value = PyLong_AsLong(value);
@@ -704,7 +753,7 @@ static PyObject *span_frame(PyObject *self, PyObject *span) {
                 goto python;
             }
         }
-        PyObject *code_value = attr(value, "value");
+        PyObject *code_value = enum_value(value);
         if (code_value == NULL || !PyLong_CheckExact(code_value)) {
             Py_XDECREF(code_value);
             Py_DECREF(head_bytes);

@@ -790,3 +790,58 @@ def test_the_c_frame_is_the_python_frame_or_leaves_the_span_to_it(loops: str) ->
         assert_identical([span])
     assert framed == ["plain", ""]
     assert left == ["r", "e"]  # a trace state from the remote parent; an event
+
+
+@pytest.mark.parametrize(
+    "trace_id", [1, 2**64 - 1, 2**64, 2**127 + 0x0102, 2**128 - 1], ids=lambda i: hex(i)
+)
+@pytest.mark.parametrize("parent_id", [1, 0x80, 2**63, 2**64 - 1], ids=lambda i: hex(i))
+def test_the_c_frame_writes_every_id_as_the_python_does(trace_id: int, parent_id: int) -> None:
+    """The ids are read as ints, not through ``to_bytes``: each byte of a 16-byte trace id
+    and an 8-byte parent id in place, big-endian, at the edges of their halves."""
+    native = otlp_encoder.SPEEDUPS
+    if native is None:
+        pytest.skip("the C loops are not built here: see test_the_c_loops_are_built")
+    provider, exporter = recorded()
+    parent = SpanContext(trace_id, parent_id, True, TraceFlags(1))
+    provider.get_tracer("t").start_span(
+        "s", context=trace.set_span_in_context(NonRecordingSpan(parent))
+    ).end()
+    (span,) = exporter.get_finished_spans()
+    frame = native.span_frame(span)
+    assert frame is not None
+    assert frame[0] == bytes(otlp_encoder._python_span_parts(span)[0])
+    assert frame[0][2:18] == trace_id.to_bytes(16, "big")
+    assert parent_id.to_bytes(8, "big") in frame[0]
+
+
+@pytest.mark.parametrize(
+    ("trace_id", "span_id", "parent_id"),
+    [
+        (-1, 7, None),
+        (2**128, 7, None),
+        (2**200, 7, None),
+        (5, -1, None),
+        (5, 2**64, None),
+        (5, 7, 2**64),
+        (5, 7, -3),
+    ],
+    ids=str,
+)
+def test_an_id_that_does_not_fit_leaves_the_span_to_the_python(
+    trace_id: int, span_id: int, parent_id: int | None
+) -> None:
+    """What ``to_bytes`` would refuse (negative, too long) is not written by the C frame: the
+    span goes to the Python writer, which raises as it always has."""
+    from opentelemetry.sdk.trace import ReadableSpan
+
+    native = otlp_encoder.SPEEDUPS
+    if native is None:
+        pytest.skip("the C loops are not built here: see test_the_c_loops_are_built")
+    parent = None if parent_id is None else SpanContext(5, parent_id, False)
+    span = ReadableSpan(
+        "s", context=SpanContext(trace_id, span_id, False), parent=parent, events=(), links=()
+    )
+    assert native.span_frame(span) is None
+    with pytest.raises(OverflowError):
+        otlp_encoder._python_span_parts(span)
