@@ -182,7 +182,7 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
 
     A span is queued without the SDK's empty event and link lists (`drop_empty_lists`: the
     same span to every reader, six fewer objects while it waits), and an exported batch is
-    released a few spans at a time by the calls that end the next spans (`_Exported`), not
+    released a span or two at a time by the calls that end the next spans (`_Exported`), not
     all at once (issue 38).
     """
 
@@ -246,12 +246,16 @@ class _Exported:
     count has already fallen to zero (it never goes below), so those frees never offset the
     allocations of the spans that made them, and every traced call brings the next collection
     nearer (at 64 calls in flight, a collection walks every call's objects). Freed one per
-    span ended, the frees match the allocations one for one, between the next calls'
-    allocations: measured at 64 concurrent callers, 17.6 collections per 1,000 calls became
-    10.3 freeing two at a time, and 2.3-2.5 freeing one (sampled out: 0.6; issue 38). Two are
-    freed per span ended while a second batch waits behind the first, so the kept spans stay
-    about one batch; a batch is dropped whole when a third arrives (no span ended meanwhile),
-    and everything at shutdown.
+    span ended, between the next calls' allocations, the frees match the allocations one for
+    one (two per span ended emptied a batch in half the time to the next export, and the
+    other half's allocations were offset by nothing).
+
+    Measured at 64 concurrent callers (`benchmarks.studies.traced_layers`, issue 38): freed
+    all at once, 17.6 collections per 1,000 calls; two per span ended, 10.3-13.7 and the
+    collector's CPU 15-17 µs a call; one per span ended, 8.5-9.1 and 5.0-5.6 µs (sampled
+    out: 5.9-6.5 and under 1 µs). Two are freed per span ended while a second batch waits
+    behind the first, so the kept spans stay about one batch; a batch is dropped whole when a
+    third arrives (no span ended meanwhile), and everything at shutdown.
     """
 
     __slots__ = ("_batches",)
