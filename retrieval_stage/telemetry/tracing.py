@@ -255,7 +255,9 @@ class _Exported:
     collector's CPU 15-17 µs a call; one per span ended, 8.5-9.1 and 5.0-5.6 µs (sampled
     out: 5.9-6.5 and under 1 µs). Two are freed per span ended while a second batch waits
     behind the first, so the kept spans stay about one batch; a batch is dropped whole when a
-    third arrives (no span ended meanwhile), and everything at shutdown.
+    third arrives (no span ended meanwhile), and everything at shutdown. While no span ends,
+    up to two exported batches (2 x 512 spans by default) wait for the next export or the
+    shutdown: fewer than the SDK's own queue holds (2,048).
     """
 
     __slots__ = ("_batches",)
@@ -270,23 +272,34 @@ class _Exported:
             return
         batches = self._batches
         while len(batches) >= _KEPT_BATCHES:
-            batches.popleft()
+            try:
+                batches.popleft()
+            except IndexError:  # released meanwhile by the threads ending spans
+                break
         batches.append(list(spans))  # a list of our own: the exporter's is its own to keep
 
     def release(self) -> None:
         """Drop one exported span, two while a second batch waits (any thread: the deque's
-        and list's operations are atomic; a release that meets a batch another thread has
-        just emptied is skipped)."""
+        and list's operations are atomic)."""
         batches = self._batches
         for _ in range(2 if len(batches) > 1 else 1):
             try:
                 batch = batches[0]
-                batch.pop()
             except IndexError:  # nothing kept
                 return
+            try:
+                batch.pop()
+            except IndexError:  # emptied by another thread that has not removed it yet
+                self._remove_empty()
+                continue
             if not batch:  # emptied: the next release starts on the next batch
-                with contextlib.suppress(ValueError):  # another thread removed it first
-                    batches.remove(batch)  # an empty list: equal only to an emptied batch
+                self._remove_empty()
+
+    def _remove_empty(self) -> None:
+        """Remove an emptied batch: by equality, an empty list is equal only to an emptied
+        batch (`keep` keeps none empty), whichever thread emptied it."""
+        with contextlib.suppress(ValueError):  # another thread removed it first
+            self._batches.remove([])
 
     def clear(self) -> None:
         self._batches.clear()

@@ -469,6 +469,39 @@ def test_two_spans_are_released_per_end_while_a_second_batch_waits() -> None:
     processor.shutdown()
 
 
+def test_a_release_that_meets_a_batch_emptied_but_not_removed_removes_it_and_goes_on() -> None:
+    """Another thread may empty the first batch and be stopped before removing it: the next
+    release removes it and frees a span of the batch behind."""
+    from retrieval_stage.telemetry.tracing import _Exported
+
+    exported = _Exported()
+    exported.keep(["a", "b", "c"])  # type: ignore[list-item]
+    exported._batches.appendleft([])  # emptied elsewhere, not yet removed
+    exported.release()
+    assert list(exported._batches) == [["a", "b"]]
+    exported._batches[0].clear()
+    exported.release()  # the emptied batch goes; nothing is behind it
+    assert list(exported._batches) == []
+    exported.release()  # nothing kept: nothing to do
+    assert list(exported._batches) == []
+
+
+def test_keep_survives_the_batches_being_released_between_its_check_and_its_drop() -> None:
+    import collections
+
+    from retrieval_stage.telemetry.tracing import _Exported
+
+    class Raced(collections.deque):  # type: ignore[type-arg]
+        def popleft(self) -> object:
+            self.clear()  # the threads ending spans released both batches meanwhile
+            return super().popleft()
+
+    exported = _Exported()
+    exported._batches = Raced([["e"], ["f"]])
+    exported.keep(["h"])  # type: ignore[list-item]
+    assert list(exported._batches) == [["h"]]
+
+
 def test_what_the_exports_left_is_dropped_two_exports_later_and_at_shutdown() -> None:
     """With no span ended to release them, a kept batch goes when the second export after its
     own keeps a batch: at most two are kept."""
