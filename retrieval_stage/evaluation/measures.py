@@ -111,9 +111,11 @@ def paired_permutation_test(
     random flips from `seed` (so a report is reproducible). The p-value is the one
     ``scipy.stats.permutation_test(..., permutation_type="samples")`` gives: twice the smaller
     tail share, with the observed mean counted once more in the Monte Carlo case (add-one), and
-    null means within a relative 100·eps of the observed one counted as ties; a test holds it
-    equal to scipy's. It assumes nothing about the shape of the differences, which for rank
-    metrics on a few queries are far from normal. Identical samples, or fewer than two pairs,
+    null means within 100·eps of the observed one counted as ties (relative to the differences'
+    total as well, so that rounding never splits a tie, where scipy's can); tests hold it to
+    scipy's, and to exact rational arithmetic where rounding would split scipy's ties. It
+    assumes nothing about the shape of the differences, which for rank metrics on a few
+    queries are far from normal. Identical samples, or fewer than two pairs,
     give 1.0. `resamples` is at most `MAX_RESAMPLES`; they are drawn in batches, so memory
     stays small however many there are.
     """
@@ -131,7 +133,13 @@ def paired_permutation_test(
     differences = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
     nonzero = np.flatnonzero(differences)  # flipping a zero changes nothing
     observed = np.mean(differences)
-    gamma = abs(np.finfo(np.float64).eps * 100 * observed)
+    # Ties: null means within 100 eps of the observed one, relative to the larger of it and
+    # the differences' total, which bounds the rounding any of these means carries. scipy's
+    # tolerance is relative to the observed mean alone: where that is 0 in exact arithmetic
+    # but computed as 1e-17 (1 - 1/3 is not 2/3 in floats), its p-value depends on the order
+    # it sums in. Everywhere else the two are the same.
+    scale = max(abs(float(observed)), float(np.sum(np.abs(differences))))
+    gamma = np.finfo(np.float64).eps * 100 * scale
     exact = nonzero.size < 63 and 2**nonzero.size <= resamples
     total = 2**nonzero.size if exact else resamples
     rows = max(16, _BATCH_VALUES // len(differences))  # tiny batches cost more in overhead

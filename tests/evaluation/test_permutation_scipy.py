@@ -8,7 +8,9 @@ and within Monte Carlo error of the exact value when either draws resamples.
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -48,20 +50,64 @@ def scipy_p(a: list[float], b: list[float], resamples: int, seed: int = 0) -> fl
     return min(1.0, float(result.pvalue))
 
 
-pairs = st.integers(min_value=2, max_value=10).flatmap(
-    lambda n: st.tuples(
-        st.lists(st.sampled_from(METRIC_VALUES), min_size=n, max_size=n),
-        st.lists(st.sampled_from(METRIC_VALUES), min_size=n, max_size=n),
+DYADIC_VALUES = (0.0, 1.0, 0.5, 0.25, 0.75, 0.125, 0.375)
+"""Metric values whose sums and means of up to 10 are exact in floats: no rounding anywhere."""
+
+
+def pairs(values: tuple[float, ...]) -> st.SearchStrategy[tuple[list[float], list[float]]]:
+    return st.integers(min_value=2, max_value=10).flatmap(
+        lambda n: st.tuples(
+            st.lists(st.sampled_from(values), min_size=n, max_size=n),
+            st.lists(st.sampled_from(values), min_size=n, max_size=n),
+        )
     )
-)
+
+
+def intended(value: float) -> Fraction:
+    """The metric value a float stands for: 1/3 for 0.333..., a float with no small-fraction
+    meaning (1/log2(3)) as itself."""
+    rational = Fraction(value).limit_denominator(1000)
+    return rational if abs(rational - Fraction(value)) < Fraction(1, 10**15) else Fraction(value)
+
+
+def exact_p(a: list[float], b: list[float]) -> float:
+    """The exact two-sided p-value in rational arithmetic over the values the floats stand
+    for: every sign pattern, ties decided exactly."""
+    differences = [intended(x) - intended(y) for x, y in zip(a, b, strict=True)]
+    observed = sum(differences)
+    below = above = 0
+    for pattern in itertools.product((1, -1), repeat=len(differences)):
+        total = sum(s * d for s, d in zip(pattern, differences, strict=True))
+        below += total <= observed
+        above += total >= observed
+    return min(1.0, 2 * min(below, above) / 2 ** len(differences))
 
 
 @settings(max_examples=40, deadline=None)
-@given(pairs)
+@given(pairs(DYADIC_VALUES))
 def test_exact_p_values_equal_scipys(samples: tuple[list[float], list[float]]) -> None:
     a, b = samples
     # 2**n <= resamples: scipy enumerates every pattern, and so does ours.
     assert paired_permutation_test(a, b, resamples=1024) == scipy_p(a, b, resamples=1024)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs(METRIC_VALUES))
+def test_exact_p_values_equal_exact_arithmetic(samples: tuple[list[float], list[float]]) -> None:
+    """With thirds and sevenths the means carry rounding: a tie in exact arithmetic is still
+    a tie here (scipy's, relative to the observed mean alone, can split it)."""
+    a, b = samples
+    assert paired_permutation_test(a, b, resamples=1024) == pytest.approx(exact_p(a, b))
+
+
+def test_a_tie_that_rounding_would_split_is_counted_on_both_sides() -> None:
+    # Found by hypothesis against scipy: the differences sum to 0 exactly (1 - 1/3 is one
+    # float, used twice each way), but computed means land at +-1e-17, and scipy, whose
+    # tolerance is relative to that observed mean, gave 0.8125 where the answer is 1.
+    a = [0.0, 1.0, 0.0, 1.0, 1.0, 1 / 3, 1 / 3, 1 / 3]
+    b = [0.0, 1.0, 1 / 3, 1 / 3, 1 / 3, 0.0, 1.0, 1.0]
+    assert exact_p(a, b) == 1.0
+    assert paired_permutation_test(a, b, resamples=1024) == 1.0
 
 
 def test_exact_p_values_equal_scipys_on_real_valued_differences() -> None:
