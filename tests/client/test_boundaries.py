@@ -13,7 +13,7 @@ from typing import Any
 
 import httpcore
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from retrieval_stage import Candidate, NullReranker, RerankProtocolError, RerankStage
@@ -57,6 +57,7 @@ def test_an_index_equal_to_the_number_of_texts_is_refused(provider: str) -> None
                        expected=n)  # fmt: skip
 
 
+@settings(deadline=None)  # pure, but CI builds images alongside: no 200 ms deadline
 @given(n=st.integers(1, 50), data=st.data())
 def test_any_index_at_or_past_the_end_is_refused(n: int, data: st.DataObject) -> None:
     provider = data.draw(st.sampled_from(sorted(PROVIDERS)))

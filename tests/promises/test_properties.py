@@ -404,7 +404,17 @@ def test_stage_over_any_reranker_never_repeats_or_mislabels_a_candidate(
     outputs = stage.run("q", cands)
     if check_stage_output(cands, top_k, outputs):
         given_scores = {id(pair[0]): pair[1] for pair in answer}
-        assert all(o.score == given_scores[id(o.candidate)] for o in outputs)
+        # Scores are floats: an int beyond 2**53 is its nearest float, as float() gives it.
+        assert all(o.score == float(given_scores[id(o.candidate)]) for o in outputs)
+
+
+def test_an_int_score_beyond_a_floats_precision_is_its_nearest_float_on_its_candidate() -> None:
+    # Found by an audit of the property above: 2**53 + 1 has no float of its own.
+    cands = [Candidate("c0", "text 0", None), Candidate("c1", "text 1", None)]
+    answer = [(cands[1], 2**53 + 1), (cands[0], 5)]
+    outputs = RerankStage(ScriptedReranker(lambda items: answer)).run("q", cands)
+    assert [(o.candidate.id, o.score) for o in outputs] == [("c1", 2.0**53), ("c0", 5.0)]
+    assert all(type(o.score) is float for o in outputs)
 
 
 def cands_abc() -> list[Candidate]:
