@@ -236,6 +236,17 @@ def rank_biased_overlap(
     return min((1.0 - p) / p * total + shared / k * weight, 1.0)
 
 
+def _depth(
+    candidates: Sequence[Candidate], recall: Sequence[int], n_scored: int, top_k: int | None
+) -> tuple[int, bool]:
+    """k for `n_scored` pairs, and whether recall ranked something above something else: its
+    order (scores high to low, unscored last) does not start and end on the same score. Else
+    tau is undefined and only the first k need walking."""
+    k = n_scored if top_k is None else max(min(top_k, n_scored), 0)
+    ordered = n_scored >= 2 and candidates[recall[0]].score != candidates[recall[-1]].score
+    return k, ordered
+
+
 def rerank_quality(
     candidates: Sequence[Candidate],
     scored: Sequence[tuple[int, float]],
@@ -268,8 +279,7 @@ def rerank_quality(
         # The walk in C, which checks what the lines below check (each position once, each
         # score finite) and hands back None for anything it leaves to them.
         n_scored = len(scored)
-        k = n_scored if top_k is None else max(min(top_k, n_scored), 0)
-        ordered = n_scored >= 2 and candidates[recall[0]].score != candidates[recall[-1]].score
+        k, ordered = _depth(candidates, recall, n_scored, top_k)
         weights, tails = _rbo_weights(k)
         walked = _c.quality_walk(scored, recall, k, ordered, weights, tails)
     if walked is None:
@@ -280,11 +290,7 @@ def rerank_quality(
             if not scored:
                 return _NOTHING_SCORED
         n_scored = len(scored)
-        k = n_scored if top_k is None else max(min(top_k, n_scored), 0)
-        # Recall ranked something above something else: its order (scores high to low,
-        # unscored last) does not start and end on the same score. Else tau is undefined and
-        # only the first k need walking.
-        ordered = n_scored >= 2 and candidates[recall[0]].score != candidates[recall[-1]].score
+        k, ordered = _depth(candidates, recall, n_scored, top_k)
         walked = _walk(scored, recall, k, ordered)
     top, tau, rbo, spread = walked
     top_score = scored[0][1]
