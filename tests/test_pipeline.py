@@ -89,7 +89,7 @@ def test_chain_span_has_exactly_its_attributes(spans: Spans) -> None:
     assert attributes.pop("retrieval_stage.fallback") is False
     assert not attributes
     assert [r.candidate.id for r in result.results] == ["b", "c", "a"]
-    assert named["pipeline"].status.status_code is StatusCode.UNSET
+    assert named["pipeline"].status.status_code is StatusCode.OK
 
 
 def test_retriever_span_lists_the_recalled_documents_with_recall_scores(spans: Spans) -> None:
@@ -260,7 +260,7 @@ def test_reranker_failure_falls_back_to_recall_order_inside_the_trace(spans: Spa
     assert named["rerank"].status.status_code is StatusCode.ERROR
     assert named["rerank"].status.description == FELL_BACK
     assert_chain_says_it_fell_back(named["pipeline"])
-    assert named["recall"].status.status_code is StatusCode.UNSET
+    assert named["recall"].status.status_code is StatusCode.OK
 
 
 async def test_async_reranker_failure_marks_the_chain_span_too(spans: Spans) -> None:
@@ -318,7 +318,7 @@ async def test_cancelled_arun_marks_the_chain_span_cancelled(spans: Spans) -> No
     named = by_name(exporter)
     assert_cancelled(named["pipeline"])
     assert_cancelled(named["rerank"])
-    assert named["recall"].status.status_code is StatusCode.UNSET  # recall had finished
+    assert named["recall"].status.status_code is StatusCode.OK  # recall had finished
 
 
 async def test_cancelled_arun_during_recall_marks_retriever_and_chain(spans: Spans) -> None:

@@ -28,6 +28,7 @@ from rich.text import Text
 from .._install import install_hint
 from ..errors import RerankError
 from ..models import Candidate
+from ..spans.status import mark_ok
 from ..telemetry.otlp import DEFAULT_SERVICE_NAME
 from .console import EXIT_FAILURE, EXIT_USAGE, err, fail, note, out
 from .inputs import read_candidates
@@ -341,7 +342,7 @@ def _run_eval(
     # Errors are handled outside the span, so that it records the rerank error, not the
     # command's exit.
     try:
-        with progress, tracer.start_as_current_span("eval", attributes=attributes):
+        with progress, tracer.start_as_current_span("eval", attributes=attributes) as span:
             task = progress.add_task("", total=len(inputs.judged))
             report = evaluate(
                 stage,
@@ -353,6 +354,7 @@ def _run_eval(
                 progress=lambda qid: progress.update(task, advance=1, description=qid),
                 rerank=rerank,
             )
+            mark_ok(span)
     except RerankError as exc:
         rerank_failed(chosen, exc, stage, timeout)
     except (TypeError, ValueError) as exc:  # the reranker refused its arguments

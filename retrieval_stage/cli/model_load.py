@@ -20,6 +20,7 @@ from openinference.semconv.trace import OpenInferenceSpanKindValues, SpanAttribu
 from rich.text import Text
 
 from ..spans.keys import ATTR_MODEL, ATTR_PROVIDER
+from ..spans.status import mark_ok
 from .console import err
 
 __all__ = ["LOAD_SPAN", "load_model", "traced_loads"]
@@ -56,6 +57,7 @@ def load_model(reranker: Any, name: str) -> float:
                 ATTR_MODEL: str(getattr(reranker, "model_name", name)),
                 ATTR_PROVIDER: str(getattr(reranker, "provider", "local")),
             }
-            with tracer.start_as_current_span(LOAD_SPAN, attributes=attributes):
+            with tracer.start_as_current_span(LOAD_SPAN, attributes=attributes) as span:
                 reranker.load()
+                mark_ok(span)
     return time.perf_counter() - started

@@ -49,6 +49,7 @@ from .reranker_span import request_kind, reranker_outcome
 from .scorers import Group, Scorer, make_scorer, set_threads
 from .settings import ServerSettings
 from .telemetry import (
+    OkOnSuccess,
     RequestRecord,
     ServerInstruments,
     record_batch,
@@ -522,7 +523,8 @@ def create_app(
                 server_request_hook=request_hook,
                 excluded_urls="/health",
                 exclude_spans=["receive", "send"],
-            )
+            ),
+            Middleware(OkOnSuccess),
         ],
         exception_handlers={HTTPException: _http_error},
         lifespan=parts.lifespan,

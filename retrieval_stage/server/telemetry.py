@@ -45,10 +45,12 @@ from ..spans.keys import (
     METRIC_SERVER_REQUEST_DURATION,
     SERVER_METER_NAME,
 )
+from ..spans.status import mark_ok
 from .batcher import Batch
 
 __all__ = [
     "BATCH_SPAN_NAME",
+    "OkOnSuccess",
     "RequestRecord",
     "ServerInstruments",
     "record_batch",
@@ -103,6 +105,8 @@ def record_batch_spans(tracer: trace.Tracer, batch: Batch, model: str, reranker:
         if batch.error is not None:
             span.set_status(Status(StatusCode.ERROR, f"model failed: {type(batch.error).__name__}"))
             span.set_attribute("error.type", type(batch.error).__name__)
+        else:
+            mark_ok(span)
         span.end(end_time=batch.ended_ns)
 
 
@@ -198,6 +202,30 @@ def route_not_target(routes: tuple[str, ...]) -> Callable[[trace.Span, dict[str,
             span.set_attribute("url.query", "")
 
     return hook
+
+
+class OkOnSuccess:
+    """ASGI middleware inside the OpenTelemetry one: a request answered below 400 ends its
+    SERVER span (a RERANKER or a CHAIN) with status OK, as OpenInference's instrumentations end
+    theirs; the ASGI instrumentation leaves it UNSET, and sets ERROR itself at 500 and above.
+    A refused request (4xx) stays UNSET, as OpenTelemetry's HTTP conventions have a server's
+    span for a client's error; a caller that hung up before an answer is never OK."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        span = trace.get_current_span()
+
+        async def sending(message: dict[str, Any]) -> None:
+            if message.get("type") == "http.response.start" and message.get("status", 500) < 400:
+                mark_ok(span)
+            await send(message)
+
+        await self.app(scope, receive, sending)
 
 
 def record_request(

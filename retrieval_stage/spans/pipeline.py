@@ -40,6 +40,7 @@ from .keys import (
 )
 from .otel_private import attribute_limit, tracing_suppressed
 from .reranker import context_attributes
+from .status import mark_ok
 
 __all__ = ["PipelineSpans"]
 
@@ -88,6 +89,7 @@ class PipelineSpans:
             _cancellation_marked(span),
         ):
             yield span
+            mark_ok(span)  # not reached on an exception; a fallback has set ERROR already
 
     def _input(self, query: str) -> dict[str, Any]:
         """The query and the recall's name, capped at the stage's `max_content_length`."""

@@ -59,6 +59,7 @@ from .keys import (
     ATTR_USAGE_TOTAL_TOKENS,
 )
 from .otel_private import plain_attributes, tracing_suppressed
+from .status import mark_ok
 
 __all__ = [
     "FALLBACK_STATUS_PREFIX",
@@ -299,6 +300,8 @@ class _Started:
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
                 if self._genai is not None:
                     span.set_attribute(ATTR_ERROR_TYPE, error_type(exc))
+            elif exc is None:
+                mark_ok(span)  # a fallback or a cancellation has already set ERROR
         finally:
             span.end()
 

@@ -105,7 +105,7 @@ def test_span_has_exactly_the_openinference_reranker_attributes(wm: WireMock, sp
         assert attributes.pop(key) == value, key
     assert not attributes, f"unexpected attributes: {attributes}"
     assert span.name == "rerank"
-    assert span.status.status_code == StatusCode.UNSET
+    assert span.status.status_code == StatusCode.OK
     assert span.dropped_attributes == 0
 
 
