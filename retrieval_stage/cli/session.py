@@ -215,7 +215,11 @@ class Tracing:
 
 
 class _Discard(SpanExporter):
-    """Delivers nowhere: spans are only counted, for the summary that says how to send them."""
+    """Delivers nowhere: spans are only counted, for the summary that says how to send them.
+    `delivers` says so to our client, which then tells no rerank server that the command's
+    RERANKER span reaches the trace (`retrieval_stage.spans.handoff`)."""
+
+    delivers = False
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         return SpanExportResult.SUCCESS

@@ -58,9 +58,10 @@ class Plan:
         (``Accept-Encoding``, so a server never picks one we cannot bound), the key, URL
         credentials as Basic auth, and W3C trace context from the global propagator
         (``traceparent``, ``tracestate`` and, unless `send_baggage` is off, the application's
-        ``baggage``), so a traced server joins our trace. Inside our own recording RERANKER
-        span, ``tracestate`` also says so (``rstage=rr``, `retrieval_stage.spans.handoff`), so
-        ``retrieval-stage serve`` does not write a second RERANKER span for the same rerank."""
+        ``baggage``), so a traced server joins our trace. Inside our own recording, sampled
+        RERANKER span that something will export, ``x-rstage-reranker`` names that span
+        (`retrieval_stage.spans.handoff`), so ``retrieval-stage serve`` does not write a second
+        RERANKER span for the same rerank."""
         headers = {"accept": "application/json", "accept-encoding": ACCEPT_ENCODING}
         if self.basic_auth is not None:
             token = base64.b64encode(self.basic_auth.encode()).decode("ascii")

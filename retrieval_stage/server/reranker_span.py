@@ -5,8 +5,9 @@ Phoenix shows a span without ``openinference.span.kind`` as "unknown", and a tra
 in a client without OpenInference (curl, LlamaIndex's ``TextEmbeddingInference``, Haystack's TEI
 ranker) would show no reranker at all. So:
 
-- a ``POST`` to a rerank route whose caller did not say it holds the RERANKER span
-  (`retrieval_stage.spans.handoff`: ``rstage=rr`` in ``tracestate``) makes the request span
+- a ``POST`` to a rerank route whose direct caller did not say it holds the RERANKER span
+  (`retrieval_stage.spans.handoff`: an ``x-rstage-reranker`` header naming a span of the
+  request's own trace) makes the request span
   the rerank's RERANKER span: kind and model when the request starts (`request_kind`), then
   ``reranker.top_k`` and the output documents once it is answered (`reranker_outcome`), each
   document's id its input position (the ``index`` TEI answers) and its score the one answered;
@@ -74,7 +75,7 @@ def request_kind(
     rerank = (
         scope.get("method") == "POST"
         and scope.get("path") in rerank_paths
-        and not handed_off(span.get_span_context().trace_state)
+        and not handed_off(scope.get("headers") or (), span.get_span_context())
     )
     if rerank:
         span.set_attributes({_KIND: RERANKER, RerankerAttributes.RERANKER_MODEL_NAME: model})

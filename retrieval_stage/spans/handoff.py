@@ -1,60 +1,72 @@
-"""The tracestate marker by which our client tells a rerank server that the rerank it asks
-for already has its RERANKER span.
+"""The request header by which our client tells a rerank server that the caller of this very
+request holds the rerank's RERANKER span, and will export it.
 
 One rerank must show as exactly one RERANKER span in a trace, wherever the trace began. Our
 `RerankStage` writes that span on the caller's side (with the caller's own document ids and
 texts); ``retrieval-stage serve`` writes one on its request span for callers that have none
-(curl, LlamaIndex's ``TextEmbeddingInference``, Haystack's TEI ranker). So the client adds one
-W3C ``tracestate`` entry, ``rstage=rr``, to the trace context it sends when the current span is
-a RERANKER span our writer made and that span is recording and sampled (a span that is not
-exported leaves the trace without a RERANKER, so the server should write one). The server
-reads the entry back from its request span's context (`handed_off`) and then keeps that span
-a plain server hop.
+(curl, LlamaIndex's ``TextEmbeddingInference``, Haystack's TEI ranker). So the client sends
+one header, ``x-rstage-reranker: <trace id>-<span id>`` (`HEADER`), naming the RERANKER span it
+vouches for, and only when that span
 
-The key follows W3C Trace Context's rules for a simple key (a lowercase letter, then up to 255
-of lowercase letters, digits, ``_-*/``); ours goes first, as the spec asks of an entry a
-participant adds or updates, and the list keeps the spec's maximum of 32 entries by dropping
-the rightmost ones.
+- is a RERANKER span our writer made, recording and sampled, and
+- will be exported: a span processor of its provider sends spans somewhere (`will_export`):
+  a CLI that only counts its spans, or a collector known to be unreachable, does not count.
+
+The server honours the header only when the span it names is in the request's own trace
+(`handed_off`), and then keeps its request span a plain server hop.
+
+Why a header of our own and not a W3C ``tracestate`` entry (``rstage=rr``, as before): W3C
+propagators forward ``tracestate`` from a service's incoming request to every call it makes
+downstream, so a service that received the entry passed it on to its own rerank calls, made
+without a RERANKER span of its own, and the server then wrote none either. A plain header
+reaches only the server the client called: nothing forwards it. An HTTP client
+instrumentation that adds a CLIENT span between our RERANKER span and the request leaves it as
+it is, which a check of the request's parent span against the named span would not.
+An inherited ``rstage`` ``tracestate`` entry (from an earlier release upstream) is dropped
+from what we send, so no server of that release reads it as this hop's.
 """
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 
 from openinference.semconv.trace import OpenInferenceSpanKindValues, SpanAttributes
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import Span
-from opentelemetry.trace.span import TraceState
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.trace import Span, SpanContext
 
-from .otel_private import span_attributes
+from .otel_private import span_attributes, span_processors
 
 __all__ = [
-    "TRACESTATE_KEY",
-    "TRACESTATE_VALUE",
+    "HEADER",
+    "LEGACY_TRACESTATE_KEY",
     "WRITER_SCOPE",
     "handed_off",
     "is_our_reranker_span",
     "mark_handoff",
+    "marker_value",
+    "will_export",
 ]
 
-TRACESTATE_KEY = "rstage"
-"""Our vendor key in W3C ``tracestate``."""
+HEADER = "x-rstage-reranker"
+"""The request header naming the caller's RERANKER span: ``<32 hex trace id>-<16 hex span id>``."""
 
-TRACESTATE_VALUE = "rr"
-"""The value saying "this rerank already has its RERANKER span" (``rstage=rr``)."""
+LEGACY_TRACESTATE_KEY = "rstage"
+"""The ``tracestate`` key earlier releases marked the hand-off with (``rstage=rr``): never
+sent now, and ignored by the server."""
 
 WRITER_SCOPE = "retrieval_stage"
 """The instrumentation scope (tracer name) of `RerankerSpans`, the RERANKER span writer."""
 
-_MAX_ENTRIES = 32  # W3C Trace Context: at most 32 list members
-_KEY = TRACESTATE_KEY
-_MARKER = f"{TRACESTATE_KEY}={TRACESTATE_VALUE}"
+_HEADER_BYTES = HEADER.encode("ascii")
+_LEGACY = LEGACY_TRACESTATE_KEY + "="
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 _RERANKER = OpenInferenceSpanKindValues.RERANKER.value
 
 
 def is_our_reranker_span(span: Span) -> bool:
     """True when `span` is a RERANKER span of our writer that is recording and sampled: one
-    that will reach the trace, holding the caller's documents."""
+    that will reach the trace, holding the caller's documents, if something exports it."""
     if not isinstance(span, ReadableSpan) or not span.is_recording():
         return False
     if not span.get_span_context().trace_flags.sampled:
@@ -65,24 +77,79 @@ def is_our_reranker_span(span: Span) -> bool:
     return span_attributes(span).get(SpanAttributes.OPENINFERENCE_SPAN_KIND) == _RERANKER
 
 
+def _delivers(thing: object) -> bool | None:
+    """What `thing` says of itself (a ``delivers`` attribute), or None when it says nothing."""
+    said = getattr(thing, "delivers", None)
+    return None if said is None else bool(said)
+
+
+def will_export(span: Span) -> bool:
+    """True when a span processor of `span`'s provider will send it somewhere.
+
+    A processor or exporter that says so itself (a ``delivers`` attribute: our
+    `BoundedBatchSpanProcessor` is False while its collector is known to be unreachable, the
+    CLI's discarding exporter always) is taken at its word; the SDK's batch and simple
+    processors export; any other processor (one that counts, enriches or filters spans) is not
+    known to export. A span whose processors cannot be read is assumed exported, as before.
+    """
+    processors = span_processors(span)
+    if processors is None:
+        return True
+    return any(_exports(p) for p in processors)
+
+
+def _exports(processor: object) -> bool:
+    said = _delivers(processor)
+    if said is not None:
+        return said
+    if isinstance(processor, (BatchSpanProcessor, SimpleSpanProcessor)):
+        exporter = processor.span_exporter
+        said = _delivers(exporter)
+        if said is None:
+            said = _delivers(getattr(exporter, "inner", None))
+        return True if said is None else said
+    return False
+
+
+def marker_value(context: SpanContext) -> str:
+    """The header's value for the span `context` names: ``<trace id>-<span id>`` in hex."""
+    return f"{context.trace_id:032x}-{context.span_id:016x}"
+
+
 def mark_handoff(headers: MutableMapping[str, str], span: Span) -> None:
-    """Add ``rstage=rr`` to the ``tracestate`` of `headers` (already injected by the global
-    propagator) when `span` is our recording, sampled RERANKER span and W3C trace context is
-    being sent (a ``traceparent`` header): otherwise `headers` are left as they are."""
-    if "traceparent" not in headers or not is_our_reranker_span(span):
+    """Add `HEADER` to `headers` (already injected by the global propagator) when `span` is
+    our recording, sampled RERANKER span, something will export it, and W3C trace context is
+    being sent (a ``traceparent`` header); drop an inherited legacy ``rstage`` entry from
+    ``tracestate`` either way."""
+    if "traceparent" not in headers:
         return
     sent = headers.get("tracestate")
-    if not sent:
-        headers["tracestate"] = _MARKER
-        return
-    # The propagator wrote `sent` from a checked `TraceState` (``key=value`` members joined by
-    # commas), so it is edited as text: parsing it back into a TraceState (a regex per member)
-    # measured ~13 us a call, the text edit ~2 us, on every sampled call.
-    others = [m for m in sent.split(",") if m.strip() and m.split("=", 1)[0].strip() != _KEY]
-    headers["tracestate"] = ",".join([_MARKER, *others[: _MAX_ENTRIES - 1]])
+    if sent and _LEGACY in sent:
+        # The propagator wrote `sent` from a checked `TraceState` (``key=value`` members
+        # joined by commas), so it is edited as text (a regex per member to parse it back).
+        kept = [m for m in sent.split(",") if m.split("=", 1)[0].strip() != LEGACY_TRACESTATE_KEY]
+        if kept:
+            headers["tracestate"] = ",".join(kept)
+        else:
+            del headers["tracestate"]
+    if is_our_reranker_span(span) and will_export(span):
+        headers[HEADER] = marker_value(span.get_span_context())
 
 
-def handed_off(state: TraceState) -> bool:
-    """True when the trace context a request arrived with says its caller's RERANKER span
-    holds this rerank (`mark_handoff`)."""
-    return state.get(TRACESTATE_KEY) == TRACESTATE_VALUE
+def handed_off(request_headers: Iterable[tuple[bytes, bytes]], context: SpanContext) -> bool:
+    """True when the request (its raw ASGI `request_headers`) names, in `HEADER`, a span of
+    the trace its own span `context` belongs to: its direct caller holds this rerank's RERANKER
+    span. A header from another trace, or one that is not ``<trace id>-<span id>``, is not."""
+    for name, value in request_headers:
+        if name.lower() == _HEADER_BYTES:
+            return _names_span_in(value, context.trace_id)
+    return False
+
+
+def _names_span_in(value: bytes, trace_id: int) -> bool:
+    trace_hex, dash, span_hex = value.strip().partition(b"-")
+    if not dash or len(trace_hex) != 32 or len(span_hex) != 16:
+        return False
+    if not _HEX.issuperset(trace_hex) or not _HEX.issuperset(span_hex):
+        return False
+    return int(span_hex, 16) != 0 and int(trace_hex, 16) == trace_id

@@ -4,13 +4,16 @@ The library's other reads of a dependency's private state (the metrics API's pro
 ``metrics``, the OTLP exporter, the client's transports) are listed, each with the test that pins
 it, in ``docs/architecture.md`` under "Private reads of dependencies".
 
-Two facts have no public accessor in opentelemetry-api/-sdk 1.45, and one read and one write
+Three facts have no public accessor in opentelemetry-api/-sdk 1.45, and one read and one write
 have no cheap public path:
 
 - whether instrumentation is suppressed: the API's context key ``_SUPPRESS_INSTRUMENTATION_KEY``
   is what OpenTelemetry's own instrumentations, its span processors and OpenInference's
   `suppress_tracing` set and read (the public `suppress_instrumentation` lives in the
   separate ``opentelemetry-instrumentation`` package, which this library does not need);
+- which span processors an SDK span ends into (``span._span_processor._span_processors``):
+  whether anything will export our RERANKER span decides whether our client tells a rerank
+  server that it holds it (`retrieval_stage.spans.handoff.will_export`);
 - an SDK span's attribute-count limit: the SDK keeps its `SpanLimits` on ``span._limits`` and
   exposes the attributes only as a read-only mapping without the bound;
 - reading which attributes a span holds: ``span.attributes`` is a fresh ``MappingProxyType``
@@ -49,6 +52,7 @@ __all__ = [
     "set_again",
     "set_span_attributes",
     "span_attributes",
+    "span_processors",
     "tracing_suppressed",
     "writable_store",
 ]
@@ -92,6 +96,15 @@ def span_attributes(span: Span) -> Mapping[str, object]:
         return stored
     attributes: Mapping[str, object] | None = getattr(span, "attributes", None)
     return attributes or {}
+
+
+def span_processors(span: Span) -> tuple[object, ...] | None:
+    """The span processors an SDK span ends into (its provider's, in order), or None when
+    they cannot be read: the SDK keeps them on ``span._span_processor`` (a multi-processor
+    whose ``_span_processors`` tuple holds them) and has no public accessor."""
+    multi = getattr(span, "_span_processor", None)
+    held = getattr(multi, "_span_processors", None)
+    return held if isinstance(span, SdkSpan) and isinstance(held, tuple) else None
 
 
 def set_span_attributes(

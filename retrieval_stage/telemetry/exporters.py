@@ -11,9 +11,11 @@ response hook to see the status code.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -29,6 +31,7 @@ __all__ = [
     "CountingSpanExporter",
     "Delivery",
     "metric_exporter",
+    "probe_collector",
     "quiet_exporter_loggers",
     "span_exporter",
 ]
@@ -47,6 +50,10 @@ class Delivery:
     `refused` is set when the endpoint answered 404/405; items offered after that are dropped
     by choice and not counted as undelivered (the one ``telemetry.metrics_disabled`` line
     already said why).
+    `reachable` is what is known of the collector: None until something is known, then
+    whether the last export (or, before the first, `probe_collector`'s connection) went
+    through. Our client reads it to decide whether to tell a rerank server that the caller's
+    RERANKER span will reach the trace (`retrieval_stage.spans.handoff`).
     """
 
     def __init__(self, signal: Signal, shown: str) -> None:
@@ -55,6 +62,7 @@ class Delivery:
         self.handed = 0
         self.delivered = 0
         self.refused_status: int | None = None
+        self.reachable: bool | None = None
         self.closed = False
         self.closer: Callable[[], None] | None = None
         self._lock = threading.Lock()
@@ -91,6 +99,7 @@ class Delivery:
                 self._forget(items)
             return False
         ok = export()
+        self.reachable = ok
         if ok:
             with self._lock:
                 self.delivered += items
@@ -104,6 +113,11 @@ class Delivery:
                 f"no more {self.signal} are sent by this process",
             )
         return ok
+
+    def probed(self, reachable: bool) -> None:
+        """What `probe_collector` found, unless an export has already said more."""
+        if self.reachable is None:
+            self.reachable = reachable
 
     def _forget(self, items: int) -> None:
         with self._lock:
@@ -149,6 +163,51 @@ class CountingSpanExporter(SpanExporter):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return bool(self.inner.force_flush(timeout_millis))
+
+
+PROBE_TIMEOUT_S = 1.0
+"""How long `probe_collector` waits for the collector to accept a connection."""
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def collector_address(target: OtlpTarget) -> tuple[str, int] | None:
+    """The host and port `target`'s exporter connects to, or None when it cannot be told."""
+    endpoint = target.endpoint if "//" in target.endpoint else f"//{target.endpoint}"
+    try:
+        parts = urlsplit(endpoint)
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    if port is None:
+        port = _DEFAULT_PORTS.get(parts.scheme, 4317 if target.protocol == "grpc" else 4318)
+    return parts.hostname, port
+
+
+def probe_collector(target: OtlpTarget, delivery: Delivery) -> threading.Thread | None:
+    """In a daemon thread, open (and close) one TCP connection to `target`'s collector and
+    record in `delivery` whether it was accepted, so the first spans of a process already know
+    whether anything receives them: a library used without a collector (nothing on
+    ``localhost:4318``) must not tell a rerank server that its RERANKER span reaches the trace.
+    Sends no bytes; returns the thread (None when the endpoint names no host)."""
+    address = collector_address(target)
+    if address is None:
+        return None
+
+    def probe() -> None:
+        try:
+            with socket.create_connection(address, timeout=PROBE_TIMEOUT_S):
+                pass
+        except OSError:
+            delivery.probed(False)
+        else:
+            delivery.probed(True)
+
+    thread = threading.Thread(target=probe, name="otlp-collector-probe", daemon=True)
+    thread.start()
+    return thread
 
 
 def _missing_grpc(signal: Signal, exc: ImportError) -> OtlpExtraMissingError:

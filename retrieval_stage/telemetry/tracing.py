@@ -22,7 +22,13 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.util import BoundedList
 
 from .._log import get_logger
-from .exporters import CountingSpanExporter, Delivery, quiet_exporter_loggers, span_exporter
+from .exporters import (
+    CountingSpanExporter,
+    Delivery,
+    probe_collector,
+    quiet_exporter_loggers,
+    span_exporter,
+)
 from .otlp import DEFAULT_EXPORT_TIMEOUT_S, DEFAULT_SERVICE_NAME, exporter_off, otlp_target
 from .shutdown import (
     DEFAULT_SHUTDOWN_TIMEOUT_S,
@@ -151,6 +157,7 @@ def configure_tracing(
             processor = BoundedBatchSpanProcessor(
                 span_exporter(target), shutdown_timeout=shutdown_timeout, shown=target.shown
             )
+            probe_collector(target, processor.delivery)
         else:
             processor = BoundedBatchSpanProcessor(exporter, shutdown_timeout=shutdown_timeout)
         provider.add_span_processor(processor)
@@ -200,6 +207,16 @@ class BoundedBatchSpanProcessor(BatchSpanProcessor):
         )
         super().__init__(self.exporter)
         self.shutdown_timeout = shutdown_timeout
+
+    @property
+    def delivers(self) -> bool:
+        """Whether spans ended now are expected to reach a collector: not when the exporter
+        says it delivers nowhere (a ``delivers`` attribute of False), the processor is shut,
+        or the collector is known to be unreachable (`Delivery.reachable`)."""
+        delivery = self.delivery
+        if delivery.closed or delivery.reachable is False:
+            return False
+        return getattr(self.exporter.inner, "delivers", True) is not False
 
     def on_end(self, span: ReadableSpan) -> None:
         if span.context is not None and span.context.trace_flags.sampled:

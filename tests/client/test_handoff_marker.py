@@ -1,6 +1,7 @@
-"""The ``rstage=rr`` tracestate entry (`retrieval_stage.spans.handoff`): our client sends it
-only from inside a recording, sampled RERANKER span of our writer, and keeps the caller's
-other tracestate entries; anywhere else the trace context goes out as the propagator made it.
+"""The ``x-rstage-reranker`` header (`retrieval_stage.spans.handoff`): our client sends it only
+from inside a recording, sampled RERANKER span of our writer that something will export, naming
+that span, and sends the caller's tracestate on without the legacy ``rstage`` entry; anywhere
+else the trace context goes out as the propagator made it.
 
 A loopback server records the headers each request arrived with (`tests.client.hostile`).
 """
@@ -11,14 +12,18 @@ import socket
 from typing import Any
 
 from opentelemetry import context, trace
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, Sampler, SamplingResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.span import TraceState
 
 from retrieval_stage import Candidate, RerankClient, RerankStage
-from retrieval_stage.spans.handoff import TRACESTATE_KEY, TRACESTATE_VALUE
+from retrieval_stage.spans.handoff import HEADER, handed_off
+from retrieval_stage.telemetry import configure_tracing
 from tests.client.hostile.server import Request, json_response, serve
+from tests.otlp_receivers import closed_port, http_receiver
 
 CANDIDATES = [Candidate("a", "alpha"), Candidate("b", "beta")]
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
@@ -35,6 +40,14 @@ def _remote_parent(state: TraceState) -> context.Context:
     return trace.set_span_in_context(NonRecordingSpan(parent))
 
 
+def exporting(**kwargs: Any) -> tuple[TracerProvider, InMemorySpanExporter]:
+    """A provider whose spans are exported (to memory), and its exporter."""
+    provider = TracerProvider(**kwargs)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
 def _headers_through_stage(provider: TracerProvider, state: TraceState) -> dict[str, str]:
     token = context.attach(_remote_parent(state))
     try:
@@ -46,31 +59,124 @@ def _headers_through_stage(provider: TracerProvider, state: TraceState) -> dict[
         context.detach(token)
 
 
-def test_the_stages_reranker_span_marks_the_trace_context_first_keeping_the_rest() -> None:
-    provider = TracerProvider()
+def _reranker_span(exporter: InMemorySpanExporter) -> ReadableSpan:
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "rerank"]
+    return span
+
+
+def test_the_stages_exported_reranker_span_is_named_in_the_header() -> None:
+    provider, exporter = exporting()
     headers = _headers_through_stage(provider, TraceState([("vendor", "opaque7")]))
-    assert headers["tracestate"] == f"{TRACESTATE_KEY}={TRACESTATE_VALUE},vendor=opaque7"
+    span = _reranker_span(exporter).get_span_context()
+    assert headers[HEADER] == f"{span.trace_id:032x}-{span.span_id:016x}"
+    assert headers["traceparent"] == f"00-{span.trace_id:032x}-{span.span_id:016x}-01"
+    assert headers["tracestate"] == "vendor=opaque7", "the caller's state goes on as it was"
+    # What the server reads back from it: the named span is in the request's trace.
+    raw = [(k.encode(), v.encode()) for k, v in headers.items()]
+    assert handed_off(raw, span)
+
+
+def test_a_caller_without_tracestate_sends_none() -> None:
+    provider, _ = exporting()
+    headers = _headers_through_stage(provider, TraceState())
+    assert HEADER in headers
+    assert "tracestate" not in headers
+
+
+def test_a_legacy_rstage_entry_from_upstream_is_dropped_and_the_rest_kept() -> None:
+    provider, _ = exporting()
+    state = TraceState([("vendor", "v"), ("rstage", "rr"), ("other", "o")])
+    headers = _headers_through_stage(provider, state)
+    assert headers["tracestate"] == "vendor=v,other=o"
+
+
+def test_a_legacy_rstage_entry_alone_leaves_no_tracestate() -> None:
+    provider = TracerProvider()  # nothing exports: no marker either
+    headers = _headers_through_stage(provider, TraceState([("rstage", "rr")]))
+    assert "tracestate" not in headers
+    assert HEADER not in headers
+
+
+def test_a_reranker_span_that_nothing_exports_sends_no_marker() -> None:
+    # A provider without an exporting processor (the span records, is sampled, and goes
+    # nowhere): the server must write the RERANKER span itself.
+    headers = _headers_through_stage(TracerProvider(), TraceState([("vendor", "opaque7")]))
     assert headers["traceparent"].endswith("-01")
+    assert HEADER not in headers
 
 
-def test_a_caller_without_tracestate_sends_the_marker_alone() -> None:
-    headers = _headers_through_stage(TracerProvider(), TraceState())
-    assert headers["tracestate"] == f"{TRACESTATE_KEY}={TRACESTATE_VALUE}"
-    assert TraceState.from_header([headers["tracestate"]]).get(TRACESTATE_KEY) == "rr"
+class Enriching(SpanProcessor):
+    """A processor that only looks at spans (as counting or enriching ones do)."""
 
 
-def test_a_marker_already_in_the_callers_state_is_not_repeated() -> None:
-    state = TraceState([("vendor", "v"), (TRACESTATE_KEY, "old")])
-    headers = _headers_through_stage(TracerProvider(), state)
-    assert headers["tracestate"] == f"{TRACESTATE_KEY}={TRACESTATE_VALUE},vendor=v"
+def test_a_processor_that_does_not_export_does_not_count() -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(Enriching())
+    assert HEADER not in _headers_through_stage(provider, TraceState())
 
 
-def test_a_full_tracestate_drops_its_rightmost_entry_for_the_marker() -> None:
-    state = TraceState([(f"k{i}", "v") for i in range(32)])
-    sent = _headers_through_stage(TracerProvider(), state)["tracestate"].split(",")
-    assert len(sent) == 32
-    assert sent[0] == f"{TRACESTATE_KEY}={TRACESTATE_VALUE}"
-    assert sent[-1] == "k30=v"
+class Discard(InMemorySpanExporter):
+    delivers = False
+
+
+def test_an_exporter_that_says_it_delivers_nowhere_does_not_count() -> None:
+    # The CLI's counting-only provider: configure_tracing with an exporter that discards.
+    provider = configure_tracing("t", exporter=Discard())
+    try:
+        assert HEADER not in _headers_through_stage(provider, TraceState())
+    finally:
+        provider.shutdown()
+
+
+def test_configure_tracing_without_a_collector_sends_no_marker() -> None:
+    # The README's library example where nothing listens at the OTLP endpoint: the probe finds
+    # the port closed before the first rerank, so the server writes the RERANKER span.
+    provider = configure_tracing("t", endpoint=f"http://127.0.0.1:{closed_port()}")
+    try:
+        (processor,) = provider._active_span_processor._span_processors
+        _wait_for(lambda: processor.delivery.reachable is not None)
+        assert processor.delivery.reachable is False
+        assert HEADER not in _headers_through_stage(provider, TraceState())
+    finally:
+        provider.shutdown()
+
+
+def test_configure_tracing_with_a_collector_sends_the_marker() -> None:
+    with http_receiver() as receiver:
+        provider = configure_tracing("t", endpoint=receiver.url)
+        try:
+            (processor,) = provider._active_span_processor._span_processors
+            _wait_for(lambda: processor.delivery.reachable is not None)
+            assert processor.delivery.reachable is True
+            assert HEADER in _headers_through_stage(provider, TraceState())
+        finally:
+            provider.shutdown()
+
+
+def test_a_failed_export_stops_the_marker_until_one_succeeds() -> None:
+    with http_receiver(statuses={"/v1/traces": 400}) as receiver:
+        provider = configure_tracing("t", endpoint=receiver.url)
+        try:
+            (processor,) = provider._active_span_processor._span_processors
+            _headers_through_stage(provider, TraceState())
+            provider.force_flush()
+            assert processor.delivery.reachable is False
+            assert HEADER not in _headers_through_stage(provider, TraceState())
+        finally:
+            provider.shutdown()
+
+
+PROBE_WAIT_S = 10.0
+"""Generous: the probe's connection to a loopback port answers in well under a second."""
+
+
+def _wait_for(condition: Any) -> None:
+    import time
+
+    deadline = time.monotonic() + PROBE_WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, "the collector probe never answered"
+        time.sleep(0.01)
 
 
 class RecordOnly(Sampler):
@@ -96,23 +202,24 @@ class RecordOnly(Sampler):
 
 def test_a_recording_but_unsampled_reranker_span_sends_no_marker() -> None:
     # It records, so it looks like ours from the inside, but it never reaches the trace.
-    headers = _headers_through_stage(
-        TracerProvider(sampler=RecordOnly()), TraceState([("vendor", "opaque7")])
-    )
+    provider, _ = exporting(sampler=RecordOnly())
+    headers = _headers_through_stage(provider, TraceState([("vendor", "opaque7")]))
     assert headers["traceparent"].endswith("-00")
     assert headers["tracestate"] == "vendor=opaque7"
+    assert HEADER not in headers
 
 
 def test_a_sampled_out_reranker_span_sends_no_marker() -> None:
     # The server's span must then be the RERANKER span: the caller's never reaches the trace.
-    headers = _headers_through_stage(
-        TracerProvider(sampler=ALWAYS_OFF), TraceState([("vendor", "opaque7")])
-    )
+    provider, _ = exporting(sampler=ALWAYS_OFF)
+    headers = _headers_through_stage(provider, TraceState([("vendor", "opaque7")]))
     assert headers["tracestate"] == "vendor=opaque7"
+    assert HEADER not in headers
 
 
 def test_the_client_outside_any_reranker_span_sends_no_marker() -> None:
-    tracer = TracerProvider().get_tracer("the-app")
+    provider, _ = exporting()
+    tracer = provider.get_tracer("the-app")
     with (
         serve(_ok) as server,
         RerankClient(server.url, model="m") as client,
@@ -121,12 +228,13 @@ def test_the_client_outside_any_reranker_span_sends_no_marker() -> None:
         client.rerank("q", ["alpha", "beta"])
     (request,) = [r for r in server.requests if r.path == "/rerank"]
     assert "traceparent" in request.headers
-    assert TRACESTATE_KEY not in request.headers.get("tracestate", "")
+    assert HEADER not in request.headers
 
 
 def test_another_writers_reranker_span_sends_no_marker() -> None:
     # Only our writer's span is known to hold the documents as our client saw them.
-    tracer = TracerProvider().get_tracer("someone-else")
+    provider, _ = exporting()
+    tracer = provider.get_tracer("someone-else")
     attributes = {"openinference.span.kind": "RERANKER"}
     with (
         serve(_ok) as server,
@@ -135,4 +243,4 @@ def test_another_writers_reranker_span_sends_no_marker() -> None:
     ):
         client.rerank("q", ["alpha", "beta"])
     (request,) = [r for r in server.requests if r.path == "/rerank"]
-    assert TRACESTATE_KEY not in request.headers.get("tracestate", "")
+    assert HEADER not in request.headers

@@ -1,9 +1,9 @@
 """The README's tour, checked in a real Arize Phoenix: ``retrieval-stage serve`` in one process,
 ``retrieval-stage demo --endpoint`` in another, both exporting to Phoenix; Phoenix then holds
 one trace from the pipeline through the server's model batch, with exactly one RERANKER span
-(the demo's: its client's ``rstage=rr`` keeps the server's span a CHAIN). A plain HTTP call to
-the same server, with no trace context, as curl sends it, shows one RERANKER span too: the
-server's request span.
+(the demo's: its client's ``x-rstage-reranker`` header keeps the server's span a CHAIN). A
+plain HTTP call to the same server, with no trace context, as curl sends it, shows one RERANKER
+span too: the server's request span.
 
 Phoenix is the session's (`tests.phoenix_server`, ``.venv-phoenix``; these tests skip where it
 is not installed). The server runs the lexical reranker so that the test needs no model
@@ -89,8 +89,9 @@ def test_our_traced_clients_call_through_serve_shows_exactly_one_reranker_span(
     tour: tuple[Run, list[dict[str, Any]]],
 ) -> None:
     _run, spans = tour
-    # The caller's RERANKER holds the rerank; the server's hop said so (rstage=rr) and stayed
-    # a CHAIN, as did its model batch and the client's /info question: nothing "unknown".
+    # The caller's RERANKER holds the rerank; the client named it to the server's hop
+    # (x-rstage-reranker), which stayed a CHAIN, as did its model batch and the client's /info
+    # question: nothing "unknown".
     assert [s["name"] for s in spans if s["span_kind"] == "RERANKER"] == ["rerank"]
     assert _named(spans, "POST /rerank")["span_kind"] == "CHAIN"
     assert _named(spans, "rerank.batch")["span_kind"] == "CHAIN"

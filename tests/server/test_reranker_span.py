@@ -9,8 +9,9 @@ of that request's trace:
 - with no marker, the request span is the rerank's RERANKER span: the served model, top_k,
   output documents best first whose ids are the input positions the response answered and whose
   scores are the ones it answered; no query or text unless the flag is on;
-- with ``rstage=rr`` in ``tracestate`` (our client's marker) it stays a CHAIN, with no
-  ``reranker.*`` key;
+- with our client's marker (``x-rstage-reranker`` naming a span of the request's own trace)
+  it stays a CHAIN, with no ``reranker.*`` key; a marker that names another trace, or the
+  ``rstage`` ``tracestate`` entry that W3C propagation forwards from upstream, is ignored;
 - every other server span (``GET /info``, ``rerank.batch``) is a CHAIN.
 """
 
@@ -30,6 +31,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from retrieval_stage.server import ServerSettings, create_app
+from retrieval_stage.spans.handoff import HEADER
 from tests.otlp_receivers import HttpReceiver, http_receiver
 
 from .served import running_in_process
@@ -176,7 +178,8 @@ def test_the_batch_and_info_spans_are_chains(plain: App) -> None:
 def test_a_caller_with_its_own_reranker_span_keeps_the_request_span_a_chain(plain: App) -> None:
     headers = {
         "traceparent": f"00-{TRACE_ID}-00f067aa0ba902b7-01",
-        "tracestate": "rstage=rr,vendor=opaque7",
+        "tracestate": "vendor=opaque7",
+        HEADER: f"{TRACE_ID}-00f067aa0ba902b7",
     }
     call = _call(plain, "/rerank", {"query": QUERY, "texts": TEXTS}, headers)
     assert call.reply.status_code == 200
@@ -187,12 +190,53 @@ def test_a_caller_with_its_own_reranker_span_keeps_the_request_span_a_chain(plai
     assert server["retrieval_stage.documents"] == len(TEXTS)
 
 
-def test_a_traced_caller_without_the_marker_still_gets_a_reranker_span(plain: App) -> None:
-    # Another vendor's tracestate is not ours: only `rstage=rr` says the RERANKER span exists.
+def test_a_marker_naming_a_span_between_caller_and_request_is_honoured(plain: App) -> None:
+    # An HTTP client instrumentation's CLIENT span sits between our RERANKER span and the
+    # request: the header still comes from the direct caller, so it holds.
     headers = {
-        "traceparent": f"00-{TRACE_ID}-00f067aa0ba902b8-01",
-        "tracestate": "vendor=opaque7,rstage=other",
+        "traceparent": f"00-{TRACE_ID}-00000000000000c1-01",
+        HEADER: f"{TRACE_ID}-00f067aa0ba902b7",
     }
+    call = _call(plain, "/rerank", {"query": QUERY, "texts": TEXTS}, headers)
+    assert call.one("POST /rerank")["openinference.span.kind"] == "CHAIN"
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [
+        "rstage=rr,vendor=opaque7",  # an earlier release's marker, forwarded from upstream
+        "vendor=opaque7,rstage=other",
+    ],
+)
+def test_a_tracestate_marker_is_not_this_hops_and_gets_a_reranker_span(
+    plain: App, marker: str
+) -> None:
+    headers = {"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b8-01", "tracestate": marker}
+    call = _call(plain, "/rerank", {"query": QUERY, "texts": TEXTS}, headers)
+    assert call.one("POST /rerank")["openinference.span.kind"] == "RERANKER"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"{'1' * 32}-00f067aa0ba902b7",  # a span of another trace
+        f"{TRACE_ID}-0000000000000000",  # no span
+        f"{TRACE_ID}-00f067aa0ba902bz",  # not hex
+        f"{TRACE_ID}00f067aa0ba902b7",  # no dash
+        "rr",
+    ],
+)
+def test_a_marker_that_names_no_span_of_this_trace_gets_a_reranker_span(
+    plain: App, value: str
+) -> None:
+    headers = {"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b8-01", HEADER: value}
+    call = _call(plain, "/rerank", {"query": QUERY, "texts": TEXTS}, headers)
+    assert call.one("POST /rerank")["openinference.span.kind"] == "RERANKER"
+
+
+def test_a_marker_without_trace_context_gets_a_reranker_span(plain: App) -> None:
+    # No traceparent: the request starts a trace of its own, which the marker cannot name.
+    headers = {HEADER: f"{TRACE_ID}-00f067aa0ba902b7"}
     call = _call(plain, "/rerank", {"query": QUERY, "texts": TEXTS}, headers)
     assert call.one("POST /rerank")["openinference.span.kind"] == "RERANKER"
 
@@ -209,6 +253,40 @@ def test_a_hosted_shape_lists_only_the_top_n_it_answered(plain: App) -> None:
         {"id": str(r["index"]), "score": r["relevance_score"]} for r in answered
     ]
     _no_text(call)
+
+
+def _status(call: Call, name: str) -> int:
+    (found,) = [s for s in call.spans if s.span.name == name]
+    code: int = found.span.status.code
+    return code
+
+
+STATUS_UNSET, STATUS_OK, STATUS_ERROR = 0, 1, 2  # OTLP's Status.StatusCode
+
+
+def test_an_answered_rerank_and_its_batch_end_ok(plain: App) -> None:
+    call = _call(plain, "/rerank", {"query": QUERY, "texts": TEXTS})
+    assert _status(call, "POST /rerank") == STATUS_OK
+    assert _status(call, "rerank.batch") == STATUS_OK
+
+
+def test_an_answered_info_and_a_hop_under_the_callers_reranker_end_ok(plain: App) -> None:
+    info = _call(plain, "/info", names=("GET /info",))
+    assert _status(info, "GET /info") == STATUS_OK
+    headers = {
+        "traceparent": f"00-{TRACE_ID}-00f067aa0ba902c2-01",
+        HEADER: f"{TRACE_ID}-00f067aa0ba902c2",
+    }
+    hop = _call(plain, "/rerank", {"query": QUERY, "texts": TEXTS}, headers)
+    assert hop.one("POST /rerank")["openinference.span.kind"] == "CHAIN"
+    assert _status(hop, "POST /rerank") == STATUS_OK
+
+
+def test_a_refused_rerank_is_not_ok(plain: App) -> None:
+    # A client's error: UNSET, as OpenTelemetry's HTTP conventions have it for a server.
+    call = _call(plain, "/rerank", {"query": QUERY, "texts": []}, names=("POST /rerank",))
+    assert call.reply.status_code == 400
+    assert _status(call, "POST /rerank") == STATUS_UNSET
 
 
 def test_a_refused_rerank_is_a_reranker_span_with_its_error_and_no_documents(plain: App) -> None:
@@ -241,7 +319,10 @@ def test_the_content_flag_puts_the_query_and_the_texts_on_the_span(with_content:
 def test_the_content_flag_puts_nothing_on_a_span_whose_caller_has_the_reranker(
     with_content: App,
 ) -> None:
-    headers = {"traceparent": f"00-{TRACE_ID}-00f067aa0ba902b9-01", "tracestate": "rstage=rr"}
+    headers = {
+        "traceparent": f"00-{TRACE_ID}-00f067aa0ba902b9-01",
+        HEADER: f"{TRACE_ID}-00f067aa0ba902b9",
+    }
     call = _call(with_content, "/rerank", {"query": QUERY, "texts": TEXTS}, headers)
     assert call.one("POST /rerank")["openinference.span.kind"] == "CHAIN"
     _no_text(call)

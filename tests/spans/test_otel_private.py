@@ -74,3 +74,21 @@ def test_the_span_dict_is_the_sdks_own() -> None:
     assert list(held) == ["a", "b"]  # live: what the span holds now
     span.end()
     assert _otel_private.span_attributes(trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)) == {}
+
+
+def test_the_span_processors_are_the_providers_own_in_order() -> None:
+    # `span_processors` reads span._span_processor._span_processors: the provider's processors.
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    from retrieval_stage.spans.otel_private import span_processors
+
+    first, second = SpanProcessor(), SpanProcessor()
+    provider = TracerProvider()
+    provider.add_span_processor(first)
+    provider.add_span_processor(second)
+    span = provider.get_tracer("t").start_span("s")
+    try:
+        assert span_processors(span) == (first, second)
+    finally:
+        span.end()
+    assert span_processors(INVALID_SPAN) is None
