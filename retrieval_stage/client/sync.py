@@ -28,11 +28,23 @@ from .flow import Call
 from .framing import OverfullGuard
 from .steps import EXPIRED, Finished, Flow, Pairs, Reply, Send, Sleep, advance
 
-__all__ = ["RerankClient"]
+__all__ = ["MAX_CALL_THREADS", "RerankClient"]
 
 T = TypeVar("T")
 
+MAX_CALL_THREADS = 16
+"""The most threads one call of `RerankClient` runs its sub-batches on (the caller's included),
+whatever `max_concurrency` says and however small the cap a server imposes: a server that
+answers "maximum allowed batch size 1" to 2,000 texts must not make a call start 2,000 threads
+(each a stack and a start-up cost before any work) or open more connections than the pool's
+100 (past that, threads queue for the pool inside the transport, where the call's deadline is
+checked only between reads). 16 keeps every core of a large machine busy waiting on a server;
+more threads cannot make one server answer faster."""
+
 _THREAD_NUMBERS = itertools.count(1)
+
+_Thread = threading.Thread
+"""The thread class of a fork's workers (a test replaces it to interrupt a join)."""
 
 _HTTPX_LOG = logging.getLogger("httpx")
 
@@ -161,14 +173,17 @@ class RerankClient(ClientCore[httpx.Client]):
         no partial result can carry wrong labels and no request of the call outlives it.
 
         The caller's thread runs sub-flows too, beside at most ``max_concurrency - 1`` threads
-        of this fork; each thread carries the caller's context (its span, for the events a
-        sub-batch records, and its baggage). The call's one limiter and abort flag are made
-        at its first fork and shared by the forks a split makes inside it.
+        of this fork (and never more than `MAX_CALL_THREADS` in all); each thread carries the
+        caller's context (its span, for the events a sub-batch records, and its baggage). The
+        call's one limiter and abort flag are made at its first fork and shared by the forks a
+        split makes inside it. An interrupt (KeyboardInterrupt, SystemExit) anywhere here,
+        waiting for the other threads included, sets the abort flag first: no thread of the
+        call starts another request or waits out a retry's backoff after it.
         """
         if len(flows) == 1:
             return [self._drive(call, flows[0], limiter, abort)]
         if limiter is None or abort is None:
-            limiter = threading.BoundedSemaphore(self.max_concurrency)
+            limiter = threading.BoundedSemaphore(min(self.max_concurrency, MAX_CALL_THREADS))
             abort = threading.Event()
         results: list[Pairs] = [[] for _ in flows]
         failures: list[BaseException] = []
@@ -191,26 +206,28 @@ class RerankClient(ClientCore[httpx.Client]):
                     abort.set()
                     return
 
-        workers = min(len(flows), self.max_concurrency) - 1
-        threads = [
-            threading.Thread(
-                target=contextvars.copy_context().run,
-                args=(work,),
-                name=f"retrieval-stage-batch-{next(_THREAD_NUMBERS)}",
-                daemon=True,
-            )
-            for _ in range(workers)
-        ]
-        for thread in threads:
-            thread.start()
+        workers = min(len(flows), self.max_concurrency, MAX_CALL_THREADS) - 1
+        threads: list[threading.Thread] = []
         try:
+            for _ in range(workers):
+                thread = _Thread(
+                    target=contextvars.copy_context().run,
+                    args=(work,),
+                    name=f"retrieval-stage-batch-{next(_THREAD_NUMBERS)}",
+                    daemon=True,
+                )
+                thread.start()
+                threads.append(thread)
             work()
-        except BaseException:  # an interrupt here stops the others at their next request
-            abort.set()
-            raise
-        finally:
             for thread in threads:
                 thread.join()
+        except BaseException:
+            # An interrupt while starting threads, working or waiting for them: the others
+            # stop before their next request and wake from a retry's backoff (`_drive`); they
+            # are not waited for, so a Ctrl-C is not held up by a request still in flight (it
+            # ends by the call's deadline at the latest).
+            abort.set()
+            raise
         if failures:
             raise failures[0]
         if abort.is_set():  # an outer fork's sibling failed: not ours to report
