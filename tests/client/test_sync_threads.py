@@ -147,3 +147,71 @@ def test_an_interrupt_while_waiting_for_the_other_threads_stops_their_retries(
     assert len(arrivals) == 2, "each sub-batch asked once before the interrupt"
     after = [text for at, text in arrivals if at > interrupted_at]
     assert after == [], f"requests sent after the interrupt surfaced: {after}"
+
+
+def _failing_first(fail_text: str, retry_after: int | None) -> tuple[Any, list[tuple[float, str]]]:
+    """A server that refuses `fail_text`'s sub-batch at once (400: not retried) and holds every
+    other one: with `retry_after`, a 503 asking for that backoff; without, an answer after
+    `SLOW_ANSWER_S`. Returns the handler and the arrivals it records."""
+    arrivals: list[tuple[float, str]] = []
+    lock = threading.Lock()
+
+    def answer(request: Request, conn: socket.socket) -> None:
+        texts = request.json()["texts"]
+        with lock:
+            arrivals.append((time.monotonic(), texts[0]))
+        if texts[0] == fail_text:
+            time.sleep(FAILURE_DELAY_S)  # the others are in flight or waiting by now
+            body = b'{"error":"bad input","error_type":"Validation"}'
+            conn.sendall(raw_response(400, {"Content-Type": "application/json"}, body))
+            return
+        if retry_after is not None:
+            headers = {"Content-Type": "application/json", "Retry-After": str(retry_after)}
+            body = b'{"error":"busy","error_type":"Overloaded"}'
+            conn.sendall(raw_response(503, headers, body))
+            return
+        time.sleep(SLOW_ANSWER_S)
+        conn.sendall(json_response([{"index": i, "score": 0.5} for i in range(len(texts))]))
+
+    return answer, arrivals
+
+
+FAILURE_DELAY_S = 0.3
+"""How long the failing sub-batch's answer is held, so its siblings have asked first."""
+SLOW_ANSWER_S = 0.5
+"""How long every other sub-batch's answer takes."""
+LONG_BACKOFF_S = 20
+"""A backoff the call must not wait out once a sibling has failed."""
+
+
+def test_the_first_failure_stops_the_other_sub_batches_before_their_next_request() -> None:
+    # 12 sub-batches on 2 threads: after the failure, nobody takes another one.
+    from retrieval_stage import RerankStatusError
+
+    answer, arrivals = _failing_first("t0", retry_after=None)
+    texts = [f"t{i}" for i in range(12)]
+    with (
+        serve(answer, keep_alive=True) as server,
+        RerankClient(server.url, model="m", batch_size=1, max_concurrency=2) as client,
+        pytest.raises(RerankStatusError),
+    ):
+        client.rerank("q", texts)
+    assert len(arrivals) <= 3, f"sub-batches sent after the failure: {[t for _, t in arrivals]}"
+
+
+def test_a_failure_wakes_a_sibling_waiting_out_a_retry_backoff() -> None:
+    from retrieval_stage import RerankStatusError
+
+    answer, arrivals = _failing_first("t0", retry_after=LONG_BACKOFF_S)
+    with (
+        serve(answer, keep_alive=True) as server,
+        RerankClient(
+            server.url, model="m", batch_size=1, max_concurrency=2, timeout=LONG_BACKOFF_S * 3
+        ) as client,
+    ):
+        began = time.monotonic()
+        with pytest.raises(RerankStatusError):
+            client.rerank("q", ["t0", "t1"])
+        took = time.monotonic() - began
+    assert took < LONG_BACKOFF_S / 2, f"the call waited out the sibling's backoff: {took:.1f} s"
+    assert sorted(t for _, t in arrivals) == ["t0", "t1"], "no retry after the failure"
