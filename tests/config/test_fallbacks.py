@@ -174,3 +174,18 @@ def test_a_chain_from_the_environment_fails_over_against_wiremock(
     (span,) = spans[1].get_finished_spans()
     attrs = dict(span.attributes or {})
     assert (attrs["retrieval_stage.tier"], attrs["reranker.model_name"]) == (1, "m1")
+
+
+def test_entry_keys_are_read_whatever_their_case() -> None:
+    # `Timeout=`, `PROVIDER=` and `Batch_Size=` are the same fields as their lower-case names
+    # (a mutation comparing keys case-sensitively went unnoticed: issue 51, point 9).
+    (tier,), problems = parse_fallbacks(
+        "http://x:1, Timeout=0.75, PROVIDER=jina, Model=j1, Batch_Size=4", {}, timeout=9
+    )
+    assert problems == []
+    assert (tier.timeout, tier.provider, tier.model, tier.batch_size) == (0.75, "jina", "j1", 4)
+
+
+def test_a_key_given_twice_in_two_cases_is_refused() -> None:
+    _, (problem,) = parse_fallbacks("http://x:1,timeout=1,TIMEOUT=2", {}, timeout=9)
+    assert "given twice" in str(problem)
