@@ -114,6 +114,7 @@ def test_a_model_not_served_is_a_404_naming_both_models_in_cohere_error_shape() 
         ({"max_tokens_per_doc": 0}, 422, "max_tokens_per_doc"),
         ({"max_tokens_per_doc": 100}, 422, "max_tokens_per_doc"),
         ({"priority": 1000}, 422, "priority"),
+        ({"priority": -1}, 422, "priority"),  # the lower bound (issue 51, point 9)
     ],
 )
 def test_a_malformed_body_is_refused_naming_the_field(
