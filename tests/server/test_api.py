@@ -200,6 +200,26 @@ def test_a_chunked_body_is_cut_off_at_the_limit(lexical_server: Served) -> None:
     assert "2000000-byte limit" in _error(reply, 413, "PayloadTooLarge")
 
 
+def test_a_chunked_body_just_over_the_limit_is_refused(lexical_server: Served) -> None:
+    """A tenth over the 2,000,000-byte limit, in valid JSON: refused, not read on to some larger
+    bound (a mutation reading up to twice the limit went unnoticed by the 4 MB test above)."""
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"query": "q", "texts": ["'
+        for _ in range(157):
+            yield SECRET.encode() * 1000  # 14 KB a chunk, ~2.2 MB in all
+        yield b'"]}'
+
+    reply = httpx.post(
+        lexical_server.url + "/rerank",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+        timeout=60.0,
+    )
+    assert "content-length" not in reply.request.headers
+    assert "2000000-byte limit" in _error(reply, 413, "PayloadTooLarge")
+
+
 def test_unknown_paths_and_methods_answer_in_teis_shape(lexical_server: Served) -> None:
     _error(httpx.get(lexical_server.url + "/nope"), 404, "NotFound")
     _error(httpx.get(lexical_server.url + "/rerank"), 405, "MethodNotAllowed")

@@ -186,3 +186,77 @@ def test_running_out_of_descriptors_is_said_in_a_few_lines(
         assert said[0]["error"] == "OSError"
         assert not [line for line in lines if "Too many open files" in json.dumps(line)]
         assert len(served.log_text()) < 200_000
+
+
+CAP = 3
+"""`--max-connections` of the capped server below."""
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("capped-lexical")
+    args = ("--reranker", "lexical", "--max-connections", str(CAP))
+    args += ("--header-timeout", "30", "--body-timeout", "30")
+    with start_server(tmp, *args) as served:
+        yield served
+
+
+REFUSAL_S = 5.0
+"""Generous: a refused connection is closed as soon as it is accepted."""
+HEADS_READ_S = 2.0
+"""Generous: how long the server may take to read a request head sent on loopback."""
+
+
+def test_one_connection_over_the_cap_is_refused_when_none_is_idle(capped: Served) -> None:
+    # CAP connections each in the middle of a request body (busy, so none can be evicted):
+    # the next one is closed at once, and one more is still one too many.
+    head = (
+        b"POST /rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 4096\r\n\r\n"
+    )
+    busy = [_connect(capped) for _ in range(CAP)]
+    try:
+        for sock in busy:
+            sock.sendall(head + b'{"query": "q", "texts": ["')
+        time.sleep(HEADS_READ_S)  # the server has read their heads: they are busy now
+        for _ in range(2):
+            with contextlib.closing(_connect(capped)) as extra:
+                assert _closed_by_server(extra, REFUSAL_S), "a connection over the cap was kept"
+        assert not any(_closed_by_server(s, 0.05) for s in busy), "a busy one was closed"
+    finally:
+        for sock in busy:
+            sock.close()
+    assert _rerank(capped).status_code == 200, "room again once they are gone"
+
+
+def _answered_and_kept(served: Served) -> socket.socket:
+    """A keep-alive connection that made one request and read its whole answer."""
+    body = json.dumps({"query": "q", "texts": ["a", "b"]}).encode()
+    sock = _connect(served)
+    sock.sendall(
+        b"POST /rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    sock.settimeout(CLOSE_MARGIN_S)
+    answer = b""
+    while not (b"\r\n\r\n" in answer and answer.rstrip().endswith(b"]")):
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before the answer: {answer[:100]!r}"
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+    return sock
+
+
+def test_connections_idle_after_their_answer_make_room_for_a_newcomer(capped: Served) -> None:
+    # After a response, a kept connection waits for its next request head again: idle, so the
+    # longest-idle one is closed for a newcomer at the cap (a mutation that left the idle timer
+    # unarmed after a response kept them all and locked the newcomer out: issue 51, point 9).
+    kept = [_answered_and_kept(capped) for _ in range(CAP)]
+    try:
+        reply = _rerank(capped)
+        assert reply.status_code == 200, reply.text
+        assert _closed_by_server(kept[0], REFUSAL_S), "the longest-idle one was not closed"
+    finally:
+        for sock in kept:
+            sock.close()

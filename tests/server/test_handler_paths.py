@@ -209,6 +209,28 @@ def test_work_for_clients_that_hung_up_leaves_the_queue_unscored() -> None:
     assert scorer.scored == ["first", "after"]
 
 
+def test_a_client_that_hung_up_is_logged_and_metered_as_499(logs: list[dict[str, Any]]) -> None:
+    # Not 200: nobody got an answer (a mutation recording it as 200 went unnoticed: issue 51).
+    scorer = ControlledScorer()
+    scorer.hold_score.clear()
+    with (
+        serving(scorer) as (url, _spans, reader),
+        httpx.Client(timeout=WAIT_S) as client,
+        concurrent_post(client, url, "first") as first,
+    ):
+        _until(scorer.scoring.is_set, "the first request never reached the model")
+        gone = _hang_up_after_sending(url, body("gone"))
+        _until(lambda: _queue_depth(url) == 1, "the request never queued")
+        gone.close()
+        _until(lambda: _queue_depth(url) == 0, "the hung-up request stayed queued")
+        scorer.hold_score.set()
+        assert first.result().status_code == 200
+        _until(lambda: len(logged(logs, "server.request")) >= 2, "no line for the hang-up")
+        statuses = request_statuses(reader)
+    assert sorted(line["status"] for line in logged(logs, "server.request")) == [200, 499]
+    assert sorted(statuses) == [200, 499]
+
+
 @contextmanager
 def concurrent_post(client: httpx.Client, url: str, query: str) -> Iterator[Any]:
     import concurrent.futures
