@@ -6,8 +6,10 @@
  * retrieval_stage.spans.deferred). A third, `output_value`, writes the span's output.value for
  * retrieval_stage.spans.content in its common case. Each is byte-identical to the Python it
  * stands in for, which stays and runs where this module is not built: the tests run both over
- * the same input. Anything other than an exact str, bool, int in int64 or float is handed to
- * the Python encoder's own `_any_value`, so the rarer types follow one set of rules; errors (a
+ * the same input. A str, bool, int in int64 or float, or a subclass of str, int or float (a
+ * str Enum or IntEnum member), is written here from its own value, as the SDK's protobuf
+ * messages read it (a str's characters, never its `__str__`); anything else is handed to the
+ * Python encoder's own `_any_value`, so the rarer types follow one set of rules; errors (a
  * lone surrogate, a key that is not a str) raise, and the Python caller then does the work the
  * way it would without this module.
  *
@@ -158,15 +160,36 @@ typedef struct {
     PyObject *body;
 } Value;
 
-/* Describe `value` (which the caller keeps alive until the value is written). */
+/* A str's characters as UTF-8 (strict: a lone surrogate raises), read from the object itself,
+ * a subclass's too: no method it overrides (`__str__`, `encode`) is called. */
+static inline int string_of(PyObject *value, Value *v) {
+    v->data = PyUnicode_AsUTF8AndSize(value, &v->size);
+    if (v->data == NULL) return -1;
+    v->kind = V_STR;
+    return 0;
+}
+
+/* An int's own value (a subclass's too: PyLong_AsLongLongAndOverflow calls no `__index__`):
+ * 1 written, 0 beyond int64 (for the Python encoder, which raises), -1 an error. */
+static inline int integer_of(PyObject *value, Value *v) {
+    int overflow = 0;
+    long long n = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (n == -1 && PyErr_Occurred()) return -1;
+    if (overflow) return 0;
+    v->kind = V_INT;
+    v->number = (uint64_t)n;  /* a negative int64 is its two's complement, 10 bytes */
+    return 1;
+}
+
+/* Describe `value` (which the caller keeps alive until the value is written). The exact types
+ * first, the common case; then a subclass of str, int or float (a str Enum or IntEnum member,
+ * numpy's float64), read from the object as the SDK's protobuf messages read it: its
+ * characters, its integer, its double. bool cannot be subclassed: True and False are the only
+ * two, and come before int. */
 static int value_of(PyObject *value, Value *v) {
     v->body = NULL;
-    if (PyUnicode_CheckExact(value)) {
-        v->data = PyUnicode_AsUTF8AndSize(value, &v->size);  /* strict: a surrogate raises */
-        if (v->data == NULL) return -1;
-        v->kind = V_STR;
-        return 0;
-    }
+    int written;
+    if (PyUnicode_CheckExact(value)) return string_of(value, v);
     if (value == Py_True) {
         v->kind = V_TRUE;
         return 0;
@@ -176,20 +199,21 @@ static int value_of(PyObject *value, Value *v) {
         return 0;
     }
     if (PyLong_CheckExact(value)) {
-        int overflow = 0;
-        long long n = PyLong_AsLongLongAndOverflow(value, &overflow);
-        if (n == -1 && PyErr_Occurred()) return -1;
-        if (!overflow) {
-            v->kind = V_INT;
-            v->number = (uint64_t)n;  /* a negative int64 is its two's complement, 10 bytes */
-            return 0;
-        }
+        if ((written = integer_of(value, v)) != 0) return written < 0 ? -1 : 0;
     } else if (PyFloat_CheckExact(value)) {
         v->kind = V_DOUBLE;
         v->real = PyFloat_AS_DOUBLE(value);
         return 0;
+    } else if (PyUnicode_Check(value)) {
+        return string_of(value, v);
+    } else if (PyLong_Check(value)) {
+        if ((written = integer_of(value, v)) != 0) return written < 0 ? -1 : 0;
+    } else if (PyFloat_Check(value)) {
+        v->kind = V_DOUBLE;
+        v->real = PyFloat_AS_DOUBLE(value);
+        return 0;
     }
-    /* Everything else, the Python encoder's way (subclasses, sequences, bytes, big ints). */
+    /* Everything else, the Python encoder's way (sequences, bytes, ints beyond int64). */
     PyObject *body = PyObject_CallOneArg(any_value_fn, value);
     if (body == NULL) return -1;
     if (!PyBytes_Check(body)) {
@@ -423,10 +447,11 @@ static PyObject *attributes(PyObject *self, PyObject *const *args, Py_ssize_t na
 
 /* -- a RERANKER span's documents --------------------------------------------------------- */
 
-/* New reference: `text` as the span keeps it: as it is when it is a str of ASCII no longer
- * than `max_bytes` (spans.content.capped's test), else `cap(text, max_bytes)`. */
+/* New reference: `text` as the span keeps it: as it is when it is an exact str of ASCII no
+ * longer than `max_bytes` (spans.content.capped's test), else `cap(text, max_bytes)`, which
+ * takes anything else (a str Enum member, say) by its characters. */
 static PyObject *capped(PyObject *text, Py_ssize_t max_bytes, PyObject *cap, PyObject *limit) {
-    if (PyUnicode_Check(text) && PyUnicode_IS_ASCII(text) &&
+    if (PyUnicode_CheckExact(text) && PyUnicode_IS_ASCII(text) &&
         PyUnicode_GET_LENGTH(text) <= max_bytes) {
         Py_INCREF(text);
         return text;
@@ -829,7 +854,8 @@ done:
  * capped text, recall score) then the first `kept_out` outputs (their candidate's capped id,
  * its capped text or None without `output_content`, the output's score), and whether any of
  * those candidates has metadata (a truthy `metadata`). Capped as spans.content.capped caps:
- * as it is when a str of ASCII no longer than `max_bytes`, else `cap(text, max_bytes)`. Both
+ * as it is when an exact str of ASCII no longer than `max_bytes`, else `cap(text, max_bytes)`
+ * (spans.content.cap_content, which takes a str subclass by its characters). Both
  * sequences must be lists; each is copied first, so nothing a callback does can change what is
  * walked. */
 static PyObject *pack_documents(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {

@@ -16,6 +16,7 @@ from typing import Any
 
 from retrieval_stage import RerankStage, validate
 from retrieval_stage.config import RerankSettings, make_async_reranker, make_reranker
+from retrieval_stage.spans.content import as_text
 
 __all__ = ["RERANKED", "RETRIEVAL_SCORE", "Stages", "candidate_id", "recall_score"]
 
@@ -106,9 +107,12 @@ def recall_score(value: Any) -> float | None:
 def candidate_id(value: Any, position: int) -> str:
     """The framework's document id as a candidate id; the input position when it has none.
 
-    Results are joined back to documents by position (the stage tracks identity), never by
-    id, so a missing or repeated id labels the span but cannot move a score.
+    The id is taken as the spans take text (`spans.content.as_text`): a str subclass (a str
+    Enum member) by its characters, as the framework's own JSON writes it; anything else by
+    ``str``, and one whose ``str`` raises as its ``<unprintable ...>`` placeholder rather than
+    failing the call. Results are joined back to documents by position (the stage tracks
+    identity), never by id, so a missing or repeated id labels the span but cannot move a score.
     """
     if value is None or value == "":
         return str(position)
-    return str(value)
+    return as_text(value)

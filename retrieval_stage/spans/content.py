@@ -3,6 +3,12 @@
 Tempo truncates attribute values over 2048 bytes and the exporter drops a whole batch over a
 string UTF-8 cannot encode, so every id, text, query and metadata value on our spans passes
 through `cap_content` (or `metadata_json`), with the same cap on every span of a call.
+
+Both take what they are given as text first (`as_text`): a str subclass (a ``str`` Enum
+member) by its characters, which is what the SDK's encoder exports and what json writes, never
+by its own ``__str__`` ("Tier.GOLD" for the member whose characters are "gold"); anything else
+by ``str``; and a value whose ``str`` raises as the placeholder `unprintable` makes,
+``<unprintable Row: RuntimeError>``, which costs that value only, never the span.
 """
 
 from __future__ import annotations
@@ -23,11 +29,13 @@ from ..models import Reranked
 __all__ = [
     "DEFAULT_MAX_CONTENT_BYTES",
     "TRUNCATION_MARKER",
+    "as_text",
     "cap_content",
     "capped",
     "float_reprs",
     "metadata_json",
     "output_value",
+    "unprintable",
 ]
 
 DEFAULT_MAX_CONTENT_BYTES = 2000
@@ -37,16 +45,45 @@ TRUNCATION_MARKER = "…[truncated]"
 _MARKER_BYTES = len(TRUNCATION_MARKER.encode("utf-8"))
 _COMPACT = (",", ":")
 _FLOAT = frozenset((float,))
+_STR = frozenset((str,))
 _SCORE_KEY = ',"score":'
 _CANDIDATE_ID = attrgetter("candidate.id")
+
+
+def unprintable(value: object, exc: BaseException) -> str:
+    """What a span shows for a `value` that could not be turned into text because `exc` was
+    raised: ``<unprintable Row: RuntimeError>``, the value's class and the exception's."""
+    return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
+
+
+def as_text(value: object) -> str:
+    """`value` as an exact str, as a span holds it.
+
+    A str is its characters: an exact str as it is, a subclass (a ``str`` Enum member among
+    them) through ``str.__str__``, never through a method it overrides, so the span says what
+    the SDK's encoder and json say ("gold", not "Tier.GOLD"). Anything else is ``str(value)``;
+    one whose ``str`` raises is the `unprintable` placeholder.
+    """
+    if type(value) is str:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    try:
+        text = str(value)
+    except Exception as exc:  # a lazy attribute of a detached row, a dead proxy, ...
+        return unprintable(value, exc)
+    return text if type(text) is str else str.__str__(text)
 
 
 def cap_content(text: str, max_bytes: int) -> str:
     """`text` cut to at most `max_bytes` UTF-8 bytes, ending in a marker when it was cut.
 
     Never splits a character, and replaces what UTF-8 cannot encode (a lone surrogate), which
-    would otherwise make the exporter drop the whole batch of spans.
+    would otherwise make the exporter drop the whole batch of spans. Anything but an exact str
+    is taken as `as_text` gives it first, so the result is always an exact str.
     """
+    if type(text) is not str:
+        text = as_text(text)
     if text.isascii():  # one byte per character: no encoding needed
         if len(text) <= max_bytes:
             return text
@@ -65,23 +102,68 @@ def cap_content(text: str, max_bytes: int) -> str:
 def metadata_json(metadata: Mapping[str, Any], max_bytes: int) -> str:
     """`metadata` as a JSON object string (Phoenix parses it), whatever the mapping holds.
 
-    Keys that are not strings are stringified, values JSON cannot hold are shown by `str`,
-    NaN and infinities (not JSON) by `repr`; past `max_bytes` the text is kept, cut, under
-    ``"_truncated"`` so it stays valid JSON.
+    Keys are taken as text (`as_text`), values JSON cannot hold are shown by `str`, NaN and
+    infinities (not JSON) by `repr` (the whole mapping then under ``"_repr"``); past
+    `max_bytes` the text is kept, cut, under ``"_truncated"`` so it stays valid JSON. A key or
+    value that cannot be shown at all (its ``str`` raises, or its JSON does) is the placeholder
+    ``"<unprintable Row: RuntimeError>"`` (`unprintable`) and costs nothing else: every other
+    key keeps its value.
     """
-    plain = {str(key): value for key, value in metadata.items()}
+    plain = {key if type(key) is str else as_text(key): value for key, value in metadata.items()}
     try:
-        text = json.dumps(plain, ensure_ascii=False, default=str, sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError):
-        text = json.dumps({"_repr": repr(plain)}, ensure_ascii=False)
+        text = json.dumps(
+            plain, ensure_ascii=False, default=as_text, sort_keys=True, allow_nan=False
+        )
+    except (TypeError, ValueError):  # NaN, an infinity, a cycle, a nested mapping's odd keys
+        text = json.dumps({"_repr": _repr(plain)}, ensure_ascii=False)
+    except Exception:  # one value raised while json read it: that value only
+        text = _dumps_each(plain)
     if len(text) <= max_bytes // 4 or len(text.encode("utf-8", errors="replace")) <= max_bytes:
         return cap_content(text, max_bytes)
     return json.dumps({"_truncated": cap_content(text, max_bytes // 2)}, ensure_ascii=False)
 
 
+def _dumps(value: Any) -> str:
+    """`metadata_json`'s JSON of one value: what JSON cannot hold by `as_text`, which never
+    raises (a value whose ``str`` raises is its placeholder)."""
+    return json.dumps(value, ensure_ascii=False, default=as_text, sort_keys=True, allow_nan=False)
+
+
+def _dumps_each(plain: dict[str, Any]) -> str:
+    """`_dumps(plain)` written value by value, as json.dumps lays it out, for a mapping one of
+    whose values raised: that value is its placeholder (`_shown` for NaN and the like)."""
+    entries = []
+    for key in sorted(plain):
+        value = plain[key]
+        try:
+            text = _dumps(value)
+        except (TypeError, ValueError):
+            text = _quote(_shown(value))
+        except Exception as exc:
+            text = _quote(unprintable(value, exc))
+        entries.append(f"{_quote(key)}: {text}")
+    return "{" + ", ".join(entries) + "}"
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, or its placeholder where that raises."""
+    try:
+        return repr(value)
+    except Exception as exc:
+        return unprintable(value, exc)
+
+
+def _repr(plain: dict[str, Any]) -> str:
+    """``repr(plain)``, each value that cannot be shown as its placeholder."""
+    try:
+        return repr(plain)
+    except Exception:
+        return "{" + ", ".join(f"{key!r}: {_shown(value)}" for key, value in plain.items()) + "}"
+
+
 def capped(text: str, max_bytes: int) -> str:
-    """`cap_content` with its common case (short ASCII, returned as is) inlined."""
-    if len(text) <= max_bytes and text.isascii():
+    """`cap_content` with its common case (a short ASCII str, returned as is) inlined."""
+    if type(text) is str and len(text) <= max_bytes and text.isascii():
         return text
     return cap_content(text, max_bytes)
 
@@ -130,6 +212,8 @@ def _plain_output(outputs: Sequence[Reranked], max_bytes: int) -> str | None:
         text: str | None = _c.output_value(outputs, scores, raw, max_bytes)
         return text
     ids: list[str] = list(map(_CANDIDATE_ID, outputs))
+    if not set(map(type, ids)) <= _STR:  # a subclass's len() may be its own: `as_text` first
+        return None
     joined = "".join(ids)
     if not (joined.isascii() and joined.isprintable()) or '"' in joined or "\\" in joined:
         return None
@@ -182,7 +266,11 @@ def output_value(outputs: Sequence[Reranked], *, fell_back: bool, max_bytes: int
         if plain is not None:
             return plain
     ids: list[str] = list(map(_CANDIDATE_ID, outputs))
-    if not (all(map(str.isascii, ids)) and (not ids or max(map(len, ids)) <= max_bytes)):
+    if not (
+        set(map(type, ids)) <= _STR
+        and all(map(str.isascii, ids))
+        and (not ids or max(map(len, ids)) <= max_bytes)
+    ):
         ids = [capped(i, max_bytes) for i in ids]  # else `capped` returns each as it is
     entries: list[str] | None = None  # each '{"id":…}' document, when written whole
     bodies: list[str] = []  # else what goes between '{"id":' and '}' of each

@@ -302,18 +302,23 @@ def _pack(
 ) -> tuple[list[Any], bool]:
     """`DocumentsRecord.documents` for these documents, and whether any has metadata: each id
     and text capped inline (`capped`'s test, then `cap_content` only for a long or non-ASCII
-    one: at ~200 per call the function calls alone were a tenth of the span's cost, issue 26).
-    `_speedups.pack_documents` does the same in C."""
+    one, or one that is not an exact str, such as a str Enum member, which it takes by its
+    characters: at ~200 per call the function calls alone were a tenth of the span's cost,
+    issue 26). `_speedups.pack_documents` does the same in C."""
     documents: list[Any] = []
     metadata = False
     for c in cands:
         text = c.id
         documents.append(
-            text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
+            text
+            if type(text) is str and len(text) <= max_bytes and text.isascii()
+            else cap_content(text, max_bytes)
         )
         text = c.text
         documents.append(
-            text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
+            text
+            if type(text) is str and len(text) <= max_bytes and text.isascii()
+            else cap_content(text, max_bytes)
         )
         documents.append(c.score)
         metadata = metadata or bool(c.metadata)
@@ -321,12 +326,16 @@ def _pack(
         c = r.candidate
         text = c.id
         documents.append(
-            text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
+            text
+            if type(text) is str and len(text) <= max_bytes and text.isascii()
+            else cap_content(text, max_bytes)
         )
         if output_content:
             text = c.text
             documents.append(
-                text if len(text) <= max_bytes and text.isascii() else cap_content(text, max_bytes)
+                text
+                if type(text) is str and len(text) <= max_bytes and text.isascii()
+                else cap_content(text, max_bytes)
             )
         else:
             documents.append(None)

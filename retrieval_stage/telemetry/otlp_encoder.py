@@ -213,22 +213,32 @@ def _array(values: Sequence[Any]) -> bytes:
 
 
 def _any_value_slow(value: Any) -> bytes:
-    """Subclasses and the rarer types, in the SDK's isinstance order."""
+    """Subclasses and the rarer types, in the SDK's isinstance order.
+
+    A subclass of str, int, float or bytes (a ``str`` Enum or an `IntEnum` member, numpy's
+    float64) is written as its own value, which is what the SDK's protobuf messages read: its
+    characters, its integer, its double, its bytes, taken by the base type's own method, never
+    by one the subclass overrides (``str()`` of a str Enum member is "Tier.GOLD", its
+    characters "gold")."""
     if value is None:
         return b""
     if isinstance(value, bool):
         return _TRUE if value else _FALSE
     if isinstance(value, str):
-        return _any_value(str(value))
+        return _any_value(str.__str__(value))
     if isinstance(value, int):
-        return _any_value(int(value))
+        return _any_value(int.__int__(value))
     if isinstance(value, float):
-        return b"\x21" + _DOUBLE(value)
+        return b"\x21" + _DOUBLE(float.__float__(value))
     if isinstance(value, bytes):
-        return b"\x3a" + _varint(len(value)) + bytes(value)
+        raw = bytes.__getitem__(value, _WHOLE)  # the bytes themselves, as an exact bytes
+        return b"\x3a" + _varint(len(raw)) + raw
     if isinstance(value, Sequence):
         return _array(value)
     raise UnsupportedValue(f"attribute value of type {type(value).__name__}")
+
+
+_WHOLE = slice(None)
 
 
 def _attribute(parts: _Parts, tag: bytes, entry: _Key, value: Any) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
+from enum import Enum
 from fractions import Fraction
 
 import pytest
@@ -35,3 +36,28 @@ def test_a_finite_number_is_the_recall_score(value: object, expected: float) -> 
 @pytest.mark.parametrize(("value", "expected"), [(None, "7"), ("", "7"), (0, "0"), ("d1", "d1")])
 def test_a_document_without_an_id_is_labelled_by_its_position(value: object, expected: str) -> None:
     assert candidate_id(value, 7) == expected
+
+
+class Tier(str, Enum):
+    GOLD = "gold"
+
+
+class Detached:
+    """A lazy attribute of a detached ORM row: asking for its text raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("not bound to a Session")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (Tier.GOLD, "gold"),  # its characters, as the framework's JSON has them: not Tier.GOLD
+        (42, "42"),
+        (Detached(), "<unprintable Detached: RuntimeError>"),
+    ],
+)
+def test_a_document_id_is_its_text_and_one_that_cannot_print_is_a_placeholder(
+    value: object, expected: str
+) -> None:
+    assert (candidate_id(value, 7), type(candidate_id(value, 7))) == (expected, str)

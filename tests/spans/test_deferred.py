@@ -17,6 +17,7 @@ import gc
 import json
 import threading
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 import pytest
@@ -66,9 +67,11 @@ def write(
     fell_back: bool = False,
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> ReadableSpan:
     """One RERANKER span as the stage writes it, `before` set on it before its outcome and
-    `after` once its outcome is written, both while it records."""
+    `after` once its outcome is written, both while it records; `extra` goes with the outcome
+    (the stage's ``gen_ai.*`` names and the like)."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider(span_limits=limits or SpanLimits(max_span_attributes=2048))
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -96,6 +99,7 @@ def write(
                 retries=0,
                 batches=1,
                 usage=Usage(total_tokens=7),
+                extra=extra,
             )
         for key, value in (after or {}).items():
             span.span.set_attribute(key, value)
@@ -343,6 +347,40 @@ def test_a_snapshot_is_the_head_and_the_record_until_the_store_is_flattened() ->
     assert record.n_in == 50
     len(span.attributes or {})
     assert snapshot(span._attributes) is None
+
+
+class Tier(str, Enum):
+    GOLD = "gold"
+
+
+def test_a_head_that_is_not_plain_is_cleaned_as_the_sdk_cleans_it_before_the_record(
+    loops: str,
+) -> None:
+    """Outcome values the writer cannot vouch for (a list, a tuple, a str Enum) are stored as
+    the SDK's `BoundedAttributes` stores them, the documents still kept as a record after them:
+    a list becomes a tuple of its own (the caller's list may change later), the rest as given;
+    and the bytes, the documents written from the record, are the SDK's encoding."""
+    tags = ["a", "b"]
+    extra = {"app.tags": tags, "app.pair": (1, 2.5), "app.tier": Tier.GOLD}
+    deferred, eager = (write(*fifty(), defer_documents=d, extra=extra) for d in (True, False))
+    tags.append("changed later")
+    held = snapshot(deferred._attributes)
+    assert held is not None
+    head = held[0]
+    typed = {key: (type(head[key]), head[key]) for key in extra}
+    assert typed == {
+        "app.tags": (tuple, ("a", "b")),
+        "app.pair": (tuple, (1, 2.5)),
+        "app.tier": (Tier, Tier.GOLD),
+    }
+    assert list(head) == [k for k in eager.attributes or {} if k in head]
+    body = encode_spans_fast([deferred])  # before anything flattens the record
+    assert body == sdk_serialize_spans([deferred])
+    assert encode_spans_fast([eager]) == sdk_serialize_spans([eager])
+    attributes = dict(deferred.attributes or {})
+    assert {k: (type(v), v) for k, v in attributes.items()} == {
+        k: (type(v), v) for k, v in (eager.attributes or {}).items()
+    }
 
 
 # -- what the record holds -----------------------------------------------------------------------

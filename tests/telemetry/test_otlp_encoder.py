@@ -14,6 +14,7 @@ import math
 import os
 import threading
 from collections.abc import Iterator, Sequence
+from enum import Enum, IntEnum, IntFlag
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -489,6 +490,159 @@ class Number(float):
 
 def test_str_and_float_subclasses_encode_byte_identical() -> None:
     assert_identical(one_span({"s": Text("sub é"), "f": Number(0.25), "plain": "x", "g": 0.5}))
+
+
+# -- subclasses of the attribute types: what the SDK writes is the value, never a method's ------
+
+
+class Tier(str, Enum):
+    """A str Enum, the common case: ``str()`` gives "Tier.GOLD", the SDK writes "gold"."""
+
+    GOLD = "gold"
+    SILVER = "silver é"
+    NONE = ""
+
+
+class Level(IntEnum):
+    LOW = 1
+    HIGH = 2**40
+    BELOW = -3
+
+
+class Perm(IntFlag):
+    R = 4
+    W = 2
+
+
+class Share(float, Enum):
+    HALF = 0.5
+    TINY = 5e-324
+
+
+class Loud(str):
+    """A str subclass overriding every way back to text but its characters."""
+
+    def __str__(self) -> str:
+        return "LOUD"
+
+    def __repr__(self) -> str:
+        return "LOUD"
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return b"LOUD"
+
+    def __len__(self) -> int:
+        return 4
+
+
+class Counted(int):
+    """An int subclass whose conversions all answer something else."""
+
+    def __int__(self) -> int:
+        return 0
+
+    def __index__(self) -> int:
+        return 0
+
+    def __str__(self) -> str:
+        return "0"
+
+
+class Scaled(float):
+    """A float subclass whose conversions all answer something else."""
+
+    def __float__(self) -> float:
+        return 0.0
+
+    def __repr__(self) -> str:
+        return "0.0"
+
+
+class Blob(bytes):
+    def __bytes__(self) -> bytes:
+        return b"blob"
+
+
+SUBCLASS_SCALARS: st.SearchStrategy[Any] = st.one_of(
+    st.sampled_from(list(Tier)),
+    st.sampled_from([*Level, Perm.R, Perm.R | Perm.W, Perm(0)]),
+    st.sampled_from(list(Share)),
+    st.builds(Loud, TEXT),
+    st.builds(Counted, INT64 | EDGE_INTS),
+    st.builds(Scaled, FLOATS),
+    st.builds(Blob, st.binary(max_size=8)),
+    st.builds(Text, TEXT),
+    st.booleans(),  # bool cannot be subclassed: the exact ones, beside the int subclasses
+    TEXT,
+    INT64,
+    FLOATS,
+)
+SUBCLASS_VALUES = st.one_of(
+    SUBCLASS_SCALARS,
+    st.lists(SUBCLASS_SCALARS, max_size=4),
+    st.lists(SUBCLASS_SCALARS, max_size=4).map(tuple),
+    st.lists(st.lists(SUBCLASS_SCALARS, max_size=3).map(tuple), max_size=2),
+)
+
+
+@settings(
+    max_examples=200,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    attributes=st.dictionaries(KEYS, SUBCLASS_VALUES, max_size=8),
+    event=st.dictionaries(KEYS, SUBCLASS_VALUES, max_size=3),
+)
+def test_subclass_values_encode_as_the_sdks_encode_spans_writes_them(
+    attributes: dict[str, Any], event: dict[str, Any]
+) -> None:
+    """str, int and float subclasses and Enums (alone, in lists, in tuples, nested), whatever
+    their ``__str__``, ``__int__``, ``__float__`` or ``encode`` say: the fast encoder writes
+    them itself, byte for byte what the SDK's own ``encode_spans`` serialises."""
+    from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import encode_spans
+
+    provider, exporter = recorded()
+    span = provider.get_tracer("t").start_span("s", attributes=attributes)
+    span.add_event("e", event)
+    span.end()
+    spans = exporter.get_finished_spans()
+    expected = encode_spans(spans).SerializeToString()
+    assert encode_spans_fast(spans) == expected  # no fallback: it would raise here
+
+
+@pytest.mark.parametrize(
+    ("value", "field", "expected"),
+    [
+        (Tier.GOLD, "string_value", "gold"),
+        (Tier.NONE, "string_value", ""),
+        (Loud("é"), "string_value", "é"),
+        (Level.BELOW, "int_value", -3),
+        (Perm.R | Perm.W, "int_value", 6),
+        (Counted(300), "int_value", 300),
+        (Share.HALF, "double_value", 0.5),
+        (Scaled(2.5), "double_value", 2.5),
+    ],
+    ids=[
+        "str-enum",
+        "empty-str-enum",
+        "str-overriding-str",
+        "int-enum",
+        "int-flag",
+        "int-overriding-int",
+        "float-enum",
+        "float-overriding-float",
+    ],
+)
+def test_an_enum_or_subclass_value_is_written_as_its_own_value(
+    value: Any, field: str, expected: Any
+) -> None:
+    body = encode_spans_fast(one_span({"v": value, "l": [value, value]}))
+    (span,) = ExportTraceServiceRequest.FromString(body).resource_spans[0].scope_spans[0].spans
+    alone, listed = span.attributes
+    assert getattr(alone.value, field) == expected
+    assert [getattr(v, field) for v in listed.value.array_value.values] == [expected] * 2
 
 
 # -- the exporter, over real HTTP --------------------------------------------------------------
