@@ -20,7 +20,9 @@ ranker) would show no reranker at all. So:
 The query and the texts reach the span only when the server was started with
 ``--trace-content`` (`ServerSettings.trace_content`): the texts as input documents and on the
 output documents, the query as ``reranker.query`` and ``input.value``. Without it the span holds
-positions and scores only. ``OPENINFERENCE_HIDE_INPUTS``/``_OUTPUTS`` mask as on the client's
+positions and scores only: the input documents by position alone (so Phoenix shows "N
+documents" on both sides, not an empty Input box that reads as a failure) and
+``retrieval_stage.content`` saying that the content is off and how to turn it on. ``OPENINFERENCE_HIDE_INPUTS``/``_OUTPUTS`` mask as on the client's
 span. The documents are flattened and fitted under the span's attribute limit by the client's
 own code (`retrieval_stage.spans.fit.outcome_attributes`).
 """
@@ -42,8 +44,9 @@ from opentelemetry.util.types import AttributeValue
 from .._log import get_logger
 from ..models import Candidate, reranked_outputs
 from ..spans.content import DEFAULT_MAX_CONTENT_BYTES, cap_content
-from ..spans.fit import outcome_attributes
+from ..spans.fit import outcome_attributes, room
 from ..spans.handoff import handed_off
+from ..spans.keys import ATTR_CONTENT, ATTR_INPUT_OMITTED
 from ..spans.otel_private import set_span_attributes
 from ..spans.reranker import identity_attributes
 from .wire import RerankJob, ranked
@@ -60,6 +63,10 @@ __all__ = [
 RERANKER = OpenInferenceSpanKindValues.RERANKER.value
 CHAIN = OpenInferenceSpanKindValues.CHAIN.value
 _KIND = SpanAttributes.OPENINFERENCE_SPAN_KIND
+_INPUT_ID = RerankerAttributes.RERANKER_INPUT_DOCUMENTS + ".{}.document.id"
+
+CONTENT_OFF = "off: start serve with --trace-content to record the query and the texts"
+"""`ATTR_CONTENT` on a RERANKER span written without the query and the texts."""
 
 _log = get_logger("retrieval_stage.server")
 
@@ -123,23 +130,36 @@ def reranker_outcome(
             )
             del stats[_KIND]  # set at start; rewriting it would move it to the end
         else:
-            stats = {RerankerAttributes.RERANKER_TOP_K: len(order)}
+            stats = {RerankerAttributes.RERANKER_TOP_K: len(order), ATTR_CONTENT: CONTENT_OFF}
         candidates = [Candidate(str(i), t if content else "") for i, t in enumerate(texts)]
         outputs = reranked_outputs(candidates, [(i, float(scores[i])) for i in order])
-        set_span_attributes(
+        attributes = outcome_attributes(
             span,
-            outcome_attributes(
-                span,
-                stats,
-                candidates if content else (),
-                outputs,
-                config=config,
-                max_content_length=max_bytes,
-                output_content=content,
-            ),
+            stats,
+            candidates if content else (),
+            outputs,
+            config=config,
+            max_content_length=max_bytes,
+            output_content=content,
         )
+        if not content and not config.hide_inputs:
+            attributes.update(_input_positions(span, len(texts), len(attributes)))
+        set_span_attributes(span, attributes)
     except Exception as exc:  # pragma: no cover - defensive, as the client's span writer
         _log.warning("server.span_attributes_failed", caused_by=type(exc).__name__)
+
+
+def _input_positions(span: trace.Span, n: int, taken: int) -> dict[str, AttributeValue]:
+    """The input documents as their positions alone (``reranker.input_documents.<i>.document.id``
+    ``= "<i>"``, no text), so Phoenix lists "n documents" on the Input side too; as many as the
+    span's attribute limit leaves room for after the `taken` outcome attributes (the output
+    documents, which carry the scores, come first), with the omitted count when cut."""
+    space = room(span)
+    kept = n if space is None else max(min(n, space - taken - 1), 0)
+    out: dict[str, AttributeValue] = {_INPUT_ID.format(i): str(i) for i in range(kept)}
+    if kept < n:
+        out[ATTR_INPUT_OMITTED] = n - kept
+    return out
 
 
 def ranked_positions(texts: Sequence[str], scores: Sequence[float], top_n: int | None) -> list[int]:

@@ -16,6 +16,7 @@ __all__ = [
     "ATTR_BATCH_REQUESTS",
     "ATTR_BATCH_TOKENS",
     "ATTR_CANCELLED",
+    "ATTR_CONTENT",
     "ATTR_DOCUMENTS",
     "ATTR_ERROR_TYPE",
     "ATTR_FALLBACK",
@@ -89,6 +90,9 @@ ATTR_PROVIDER = "retrieval_stage.provider"
 ATTR_MODEL = "retrieval_stage.model"
 """The configured model on metric points; the served model on the server's spans."""
 ATTR_DOCUMENTS = "retrieval_stage.documents"
+ATTR_CONTENT = "retrieval_stage.content"
+"""On the server's RERANKER span without ``--trace-content``: that the query and the texts
+are not recorded, and how to record them (an empty Input box reads as a failure otherwise)."""
 ATTR_FALLBACK = "retrieval_stage.fallback"
 """True on a RERANKER span whose stage returned recall order, and on the CHAIN span above it."""
 ATTR_CANCELLED = "retrieval_stage.cancelled"

@@ -31,6 +31,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from retrieval_stage.server import ServerSettings, create_app
+from retrieval_stage.server.reranker_span import CONTENT_OFF
 from retrieval_stage.spans.handoff import HEADER
 from tests.otlp_receivers import HttpReceiver, http_receiver
 
@@ -161,7 +162,8 @@ def test_a_plain_call_makes_the_request_span_the_reranker_span(plain: App) -> No
     assert server["reranker.top_k"] == len(TEXTS)
     outputs = _documents(server, "output_documents")
     assert outputs == [{"id": str(r["index"]), "score": r["score"]} for r in answered]
-    assert _documents(server, "input_documents") == []
+    assert _documents(server, "input_documents") == [{"id": str(i)} for i in range(len(TEXTS))]
+    assert server["retrieval_stage.content"] == CONTENT_OFF
     assert "reranker.query" not in server
     assert "input.value" not in server
     _no_text(call)
@@ -311,9 +313,43 @@ def test_the_content_flag_puts_the_query_and_the_texts_on_the_span(with_content:
     assert _documents(server, "output_documents") == [
         {"id": str(r["index"]), "content": TEXTS[r["index"]], "score": r["score"]} for r in answered
     ]
+    assert "retrieval_stage.content" not in server, "content is on: nothing to say"
     # The model batch under it still holds no text.
     batch = next(s for s in call.spans if s.span.name == "rerank.batch")
     assert TEXT_MARKER not in str(batch.span)
+
+
+def test_input_positions_fit_under_the_span_limit_after_the_outputs() -> None:
+    # 25 texts under a 64-attribute limit: the kind, the model, top_k and the content note stay,
+    # the outputs (which carry the scores) come first, the positions fill what is left, and the
+    # count of those cut says so; nothing is evicted.
+    from opentelemetry.sdk.trace import SpanLimits
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from retrieval_stage.server.reranker_span import reranker_outcome
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=64))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    texts = [f"t{i}" for i in range(25)]
+    span = provider.get_tracer("t").start_span("POST /rerank")
+    span.set_attributes({"openinference.span.kind": "RERANKER", "reranker.model_name": MODEL})
+    reranker_outcome(
+        span, query=QUERY, texts=texts, scores=[i / 25 for i in range(25)], top_n=None,
+        model=MODEL, content=False,
+    )  # fmt: skip
+    span.end()
+    (finished,) = exporter.get_finished_spans()
+    attributes = dict(finished.attributes or {})
+    assert len(attributes) <= 64
+    assert attributes["openinference.span.kind"] == "RERANKER"
+    assert attributes["retrieval_stage.content"] == CONTENT_OFF
+    inputs = [k for k in attributes if k.startswith("reranker.input_documents.")]
+    outputs = [k for k in attributes if k.startswith("reranker.output_documents.")]
+    assert inputs, "some positions fit"
+    assert len(inputs) + attributes["retrieval_stage.input_documents.omitted"] == len(texts)
+    assert [attributes[k] for k in inputs] == [str(i) for i in range(len(inputs))]
+    assert outputs[0] == "reranker.output_documents.0.document.id"
 
 
 def test_the_content_flag_puts_nothing_on_a_span_whose_caller_has_the_reranker(
