@@ -97,6 +97,7 @@ def test_our_traced_clients_call_through_serve_shows_exactly_one_reranker_span(
     assert _named(spans, "rerank.batch")["span_kind"] == "CHAIN"
     assert _named(spans, "GET /info")["span_kind"] == "CHAIN"
     assert "UNKNOWN" not in _kinds(spans)
+    assert {s["name"]: s["status_code"] for s in spans} == {s["name"]: "OK" for s in spans}
 
 
 CURL_TEXTS = [

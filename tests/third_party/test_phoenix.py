@@ -197,8 +197,10 @@ def test_reranker_span_shows_the_query_and_the_reranked_scores(runs: Runs) -> No
     assert attributes["output.value"]
     # A successful rerank does record scores: the fallback's absence of them below is a difference.
     assert any(OUTPUT_SCORE.match(key) for key in attributes)
-    assert span["status_code"] != "ERROR"
-    assert _root(runs.spans[runs.ok.trace_id])["status_code"] != "ERROR"
+    # OK, not "Unset": as OpenInference's own instrumentations end a span that succeeded.
+    assert {s["name"]: s["status_code"] for s in runs.spans[runs.ok.trace_id]} == {
+        s["name"]: "OK" for s in runs.spans[runs.ok.trace_id]
+    }
 
 
 def test_fallback_span_has_no_output_scores_and_says_it_fell_back(runs: Runs) -> None:
