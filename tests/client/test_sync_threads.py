@@ -86,6 +86,12 @@ def test_the_deadline_holds_at_any_max_concurrency() -> None:
     assert peak.most <= MAX_CALL_THREADS
 
 
+def _busy(retry_after: int) -> bytes:
+    """TEI's 503 Overloaded, asking the client to come back after `retry_after` seconds."""
+    headers = {"Content-Type": "application/json", "Retry-After": str(retry_after)}
+    return raw_response(503, headers, b'{"error":"busy","error_type":"Overloaded"}')
+
+
 class JoinInterrupted(threading.Thread):
     """A worker thread that starts its work only once the caller's thread has sent its own
     request (so the caller's thread has the first sub-batch, the worker the second), and whose
@@ -132,9 +138,7 @@ def test_an_interrupt_while_waiting_for_the_other_threads_stops_their_retries(
             time.sleep(CALLER_ANSWER_DELAY_S)
             conn.sendall(json_response([{"index": 0, "score": 0.5}]))
             return
-        headers = {"Content-Type": "application/json", "Retry-After": str(RETRY_AFTER_S)}
-        body = b'{"error":"busy","error_type":"Overloaded"}'
-        conn.sendall(raw_response(503, headers, body))
+        conn.sendall(_busy(RETRY_AFTER_S))
 
     with (
         serve(answer) as server,
@@ -166,9 +170,7 @@ def _failing_first(fail_text: str, retry_after: int | None) -> tuple[Any, list[t
             conn.sendall(raw_response(400, {"Content-Type": "application/json"}, body))
             return
         if retry_after is not None:
-            headers = {"Content-Type": "application/json", "Retry-After": str(retry_after)}
-            body = b'{"error":"busy","error_type":"Overloaded"}'
-            conn.sendall(raw_response(503, headers, body))
+            conn.sendall(_busy(retry_after))
             return
         time.sleep(SLOW_ANSWER_S)
         conn.sendall(json_response([{"index": i, "score": 0.5} for i in range(len(texts))]))

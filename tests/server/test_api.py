@@ -181,42 +181,35 @@ def test_a_body_over_the_limit_is_refused_unread(lexical_server: Served) -> None
     assert post(lexical_server.url, big).status_code == 200
 
 
-def test_a_chunked_body_is_cut_off_at_the_limit(lexical_server: Served) -> None:
-    """No Content-Length to refuse by: the server stops reading once the limit is passed."""
+def _post_chunked(url: str, chunks: int) -> httpx.Response:
+    """A TEI body of one text of `chunks` 14 KB chunks, sent chunked (no Content-Length)."""
 
-    def chunks() -> Iterator[bytes]:
+    def body() -> Iterator[bytes]:
         yield b'{"query": "q", "texts": ["'
-        for _ in range(300):
-            yield SECRET.encode() * 1000  # 14 KB a chunk, ~4.2 MB in all
+        for _ in range(chunks):
+            yield SECRET.encode() * 1000  # 14 KB a chunk
         yield b'"]}'
 
     reply = httpx.post(
-        lexical_server.url + "/rerank",
-        content=chunks(),
+        url + "/rerank",
+        content=body(),
         headers={"content-type": "application/json"},
         timeout=60.0,
     )
     assert "content-length" not in reply.request.headers
+    return reply
+
+
+def test_a_chunked_body_is_cut_off_at_the_limit(lexical_server: Served) -> None:
+    """No Content-Length to refuse by: the server stops reading once the limit is passed."""
+    reply = _post_chunked(lexical_server.url, 300)  # ~4.2 MB
     assert "2000000-byte limit" in _error(reply, 413, "PayloadTooLarge")
 
 
 def test_a_chunked_body_just_over_the_limit_is_refused(lexical_server: Served) -> None:
     """A tenth over the 2,000,000-byte limit, in valid JSON: refused, not read on to some larger
     bound (a mutation reading up to twice the limit went unnoticed by the 4 MB test above)."""
-
-    def chunks() -> Iterator[bytes]:
-        yield b'{"query": "q", "texts": ["'
-        for _ in range(157):
-            yield SECRET.encode() * 1000  # 14 KB a chunk, ~2.2 MB in all
-        yield b'"]}'
-
-    reply = httpx.post(
-        lexical_server.url + "/rerank",
-        content=chunks(),
-        headers={"content-type": "application/json"},
-        timeout=60.0,
-    )
-    assert "content-length" not in reply.request.headers
+    reply = _post_chunked(lexical_server.url, 157)  # ~2.2 MB
     assert "2000000-byte limit" in _error(reply, 413, "PayloadTooLarge")
 
 

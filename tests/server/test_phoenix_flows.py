@@ -269,16 +269,22 @@ def _forwarding(provider: TracerProvider, serve_url: str) -> Handler:
     return handle
 
 
-def test_a_service_forwarding_the_trace_to_serve_gets_the_servers_reranker_span(
-    phoenix: str, serve: Served
-) -> None:
+def _through_b(phoenix: str, serve: Served, b_handler: Callable[..., Handler]) -> str:
+    """Service A (ours, exporting) reranks through service B (exporting), whose handler
+    `b_handler` makes with B's provider and serve's URL; the trace id."""
     a, b = _exporting(phoenix, "service-a"), _exporting(phoenix, "service-b")
     try:
-        with _service(_forwarding(b, serve.url)) as b_url:
-            trace_id = _rerank_from(a, b_url)
+        with _service(b_handler(b, serve.url)) as b_url:
+            return _rerank_from(a, b_url)
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def test_a_service_forwarding_the_trace_to_serve_gets_the_servers_reranker_span(
+    phoenix: str, serve: Served
+) -> None:
+    trace_id = _through_b(phoenix, serve, _forwarding)
     spans = _trace(phoenix, trace_id, _has("search", "rerank", "B POST /rerank", "rerank.batch"))
     # Two reranks: A's (through B), held by A's span; B's call to serve, made without a
     # RERANKER span, so serve's request span is one.
@@ -311,13 +317,7 @@ def _reranking(provider: TracerProvider, serve_url: str) -> Handler:
 def test_two_hops_both_ours_have_one_reranker_span_each_and_serve_none(
     phoenix: str, serve: Served
 ) -> None:
-    a, b = _exporting(phoenix, "service-a"), _exporting(phoenix, "service-b")
-    try:
-        with _service(_reranking(b, serve.url)) as b_url:
-            trace_id = _rerank_from(a, b_url)
-    finally:
-        a.shutdown()
-        b.shutdown()
+    trace_id = _through_b(phoenix, serve, _reranking)
     names = ("search", "rerank", "B POST /rerank", "rerank", "POST /rerank", "rerank.batch")
     spans = _trace(phoenix, trace_id, _has(*names))
     kinds = [(s["name"], s["span_kind"]) for s in spans if s["name"] in ("rerank", "POST /rerank")]
