@@ -22,9 +22,10 @@ The query and the texts reach the span only when the server was started with
 output documents, the query as ``reranker.query`` and ``input.value``. Without it the span holds
 positions and scores only: the input documents by position alone (so Phoenix shows "N
 documents" on both sides, not an empty Input box that reads as a failure) and
-``retrieval_stage.content`` saying that the content is off and how to turn it on. ``OPENINFERENCE_HIDE_INPUTS``/``_OUTPUTS`` mask as on the client's
-span. The documents are flattened and fitted under the span's attribute limit by the client's
-own code (`retrieval_stage.spans.fit.outcome_attributes`).
+``retrieval_stage.content`` saying that the content is off and how to turn it on.
+``OPENINFERENCE_HIDE_INPUTS``/``_OUTPUTS`` mask as on the client's span. The documents are
+flattened and fitted under the span's attribute limit by the client's own code
+(`retrieval_stage.spans.fit.outcome_attributes`).
 """
 
 from __future__ import annotations
