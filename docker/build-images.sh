@@ -17,7 +17,8 @@
 # arguments; file:// ones and find-links directories exist only on the host and are left out.
 #
 # Needs: docker; for the stand-in base also debootstrap and tar (as root). Prints one line per
-# step with its seconds; exits non-zero when an image cannot be built.
+# step with its seconds, and last which images were built and which failed; exits non-zero
+# when an image cannot be built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -119,16 +120,33 @@ build() {  # IMAGE DOCKERFILE [docker build options]
   return "$status"
 }
 
+# The last line: what was built and what was not, in so many words.
+summary() {  # SECONDS_SINCE_START BUILT_COUNT [FAILED_IMAGE...]
+  local seconds=$1 built=$2 total failed_list
+  shift 2
+  total=$((built + $#))
+  failed_list="$(printf '%s, ' "$@")"
+  failed_list="${failed_list%, }"
+  if [ "$#" -eq 0 ]; then
+    echo "all $total images built, ${seconds}s after the start"
+  elif [ "$built" -eq 0 ]; then
+    echo "no image built: all $total builds failed ($failed_list), ${seconds}s after the start"
+  else
+    echo "$# of $total builds failed ($failed_list), $built built, ${seconds}s after the start"
+  fi
+}
+
 # The three at once: their installs wait mostly on the package index, not on the CPUs.
-build "$APP_IMAGE" docker/Dockerfile &
-app=$!
-build "$RERANKER_IMAGE" docker/Dockerfile.server &
-reranker=$!
-build "$PHOENIX_IMAGE" docker/Dockerfile.phoenix &
-phoenix=$!
-status=0
-for job in "$app" "$reranker" "$phoenix"; do
-  wait "$job" || status=1
+images=("$APP_IMAGE" "$RERANKER_IMAGE" "$PHOENIX_IMAGE")
+dockerfiles=(docker/Dockerfile docker/Dockerfile.server docker/Dockerfile.phoenix)
+jobs=()
+for i in "${!images[@]}"; do
+  build "${images[$i]}" "${dockerfiles[$i]}" &
+  jobs+=("$!")
 done
-log "all built $((SECONDS - all_started))s after the start"
-exit "$status"
+failed=()
+for i in "${!jobs[@]}"; do
+  wait "${jobs[$i]}" || failed+=("${images[$i]}")
+done
+log "$(summary "$((SECONDS - all_started))" "$((${#images[@]} - ${#failed[@]}))" ${failed[@]+"${failed[@]}"})"
+[ "${#failed[@]}" -eq 0 ]

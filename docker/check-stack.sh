@@ -12,7 +12,9 @@
 #
 # The trace must hold the app's CHAIN span `pipeline`, its RERANKER span `rerank` under it, the
 # reranker's SERVER span `POST /rerank` under that (the trace context crossed the network), and
-# the server's `rerank.batch` span under the SERVER span. Prints one line on stdout,
+# the server's `rerank.batch` span under the SERVER span. It waits up to TRACE_SECONDS for it,
+# and no longer once the app's log shows a rerank that fell back to recall order (then no such
+# trace can come). Prints one line on stdout,
 #   compose: app, reranker, phoenix healthy; trace <id> in Phoenix
 # and exits 0; otherwise prints `compose: failed: <why>` with the services' last log lines on
 # stderr and exits 1.
@@ -105,12 +107,17 @@ assert results[0]["index"] == 1, results
 EOF
 
 started=$SECONDS
-trace="$(python3 - "$phoenix" "$TRACE_SECONDS" <<'EOF'
-"""The id of a trace in Phoenix with pipeline > rerank > POST /rerank > rerank.batch."""
-import json, sys, time, urllib.parse, urllib.request
+waited=0
+trace="$(python3 - "$phoenix" "$TRACE_SECONDS" "${stack[@]}" <<'EOF'
+"""The id of a trace in Phoenix with pipeline > rerank > POST /rerank > rerank.batch. Exit 2,
+printing the line, as soon as the app's log shows a rerank that fell back to recall order
+(no such trace can come then); exit 1 when none came within the seconds given."""
+import json, re, subprocess, sys, time, urllib.parse, urllib.request
 
-phoenix, seconds = sys.argv[1], float(sys.argv[2])
+phoenix, seconds, stack = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
 PROJECT = "retrieval-stage"  # the CLI's and the server's project by default
+# demo's own words for a fallback: the first run's line, then one per later run.
+FELL_BACK = re.compile(r"(fallback: the reranker failed.*|run \d+: fell back to recall order.*)$")
 
 
 def spans(**params: str) -> list[dict]:
@@ -134,6 +141,17 @@ def chained(trace: list[dict]) -> bool:
     ) and by_name["rerank"]["span_kind"] == "RERANKER" and by_name["pipeline"]["span_kind"] == "CHAIN"
 
 
+def fell_back() -> "str | None":
+    """The app's first line saying a rerank fell back, if its log has one."""
+    try:
+        logs = subprocess.run(
+            [*stack, "logs", "--no-color", "app"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return next((m[1].strip() for line in logs.splitlines() if (m := FELL_BACK.search(line))), None)
+
+
 deadline = time.monotonic() + seconds
 while time.monotonic() < deadline:
     for batch in spans():
@@ -143,10 +161,21 @@ while time.monotonic() < deadline:
         if chained(spans(trace_id=trace_id)):
             print(trace_id)
             sys.exit(0)
+    said = fell_back()
+    if said is not None:
+        print(said)
+        sys.exit(2)
     time.sleep(1)
 sys.exit(1)
 EOF
-)" || fail "no trace of the app's with the reranker's SERVER and rerank.batch spans reached Phoenix within ${TRACE_SECONDS}s"
+)" || waited=$?
+case "$waited" in
+  0) ;;
+  2) fail "the app's reranks fell back to recall order after $((SECONDS - started))s, so no" \
+    "trace can hold the reranker's spans; its log says: $trace" ;;
+  *) fail "within ${TRACE_SECONDS}s no trace in Phoenix held the app's pipeline and rerank spans" \
+    "with the reranker's POST /rerank and rerank.batch spans under them" ;;
+esac
 log "trace in Phoenix after $((SECONDS - started))s more"
 [ "$(health app)" = running ] || fail "app is $(health app)"
 restarts="$(docker inspect -f '{{.RestartCount}}' "$("${stack[@]}" ps -q app)")"

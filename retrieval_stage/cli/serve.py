@@ -213,7 +213,8 @@ def serve(
         ),
     ] = "INFO",
 ) -> None:
-    """Serve a reranker over HTTP: TEI's POST /rerank (and the sidecar's), /info, /health.
+    """Serve a reranker over HTTP: TEI's POST /rerank (and the sidecar's), Cohere's POST
+    /v2/rerank, Jina's POST /v1/rerank, GET /info and /health.
 
     Requests from many clients share model batches; spans continue the caller's trace and go
     to OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set. SIGTERM or Ctrl-C drains and stops.

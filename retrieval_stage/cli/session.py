@@ -27,6 +27,7 @@ from ..telemetry.otlp import DEFAULT_SERVICE_NAME
 from ..telemetry.shutdown import ShutdownReport
 from .console import EXIT_USAGE, err, fail, note
 from .failure import Witness
+from .interrupt import say, while_doing
 from .model_load import traced_loads
 from .options import DEFAULT_TELEMETRY_TIMEOUT_S, RerankOptions
 from .reranker import Chosen, choose_reranker
@@ -393,7 +394,8 @@ def _logging(
 def session(
     options: RerankOptions, *, trace_model_load: bool = False
 ) -> Iterator[tuple[Chosen, Tracing]]:
-    """Logging, tracing and the reranker for one command; flushes spans and says where.
+    """Logging, tracing and the reranker for one command; flushes spans and says where, also
+    when Ctrl-C or SIGTERM stops it (after the line saying what was done: `cli.interrupt`).
 
     `trace_model_load` (demo): every in-process model loaded in the session (the reranker's
     when it is chosen, dense recall's) loads under a ``model.load`` span (`cli.model_load`)."""
@@ -405,15 +407,22 @@ def session(
         shutdown_timeout=options.telemetry_timeout,
     )
     tracing.heard = heard
+    interrupted = False
     try:
         with traced_loads(tracing.provider) if trace_model_load else nullcontext():
-            chosen = choose_reranker(options)
+            with while_doing(lambda: "interrupted while loading the reranker: nothing reranked"):
+                chosen = choose_reranker(options)
             try:
                 yield chosen, tracing
             finally:
                 chosen.close()
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM (`cli.interrupt`): said first
+        say(exc)
+        interrupted = True
+        raise
     finally:
         tracing.shutdown()  # traces and metrics together, at most --telemetry-timeout
         if tracing.tally.spans:
             tracing.look_for_phoenix()
+        if tracing.tally.spans or interrupted:  # "none recorded" too: the interrupt cut it
             note(err(), tracing.summary())

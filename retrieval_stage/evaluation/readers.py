@@ -18,6 +18,7 @@ from ..models import Candidate, recall_order
 __all__ = [
     "EvalInputError",
     "Qrels",
+    "check_candidates",
     "read_candidates",
     "read_qrels",
     "read_queries",
@@ -34,6 +35,7 @@ class EvalInputError(ValueError):
     def __init__(self, path: str | Path, line: int | None, message: str) -> None:
         self.path = str(path)
         self.line = line
+        self.reason = message
         where = f"{self.path}, line {line}" if line is not None else self.path
         super().__init__(f"{where}: {message}")
 
@@ -170,48 +172,82 @@ def read_candidates(
     JSON lines: ``{"query_id", "id", "text", "score"?, "metadata"?}``; ``text`` may be left out
     when `documents` has the id. A TREC run (``qid Q0 docid rank score tag``) carries no text,
     so every docid must be in `documents`. A candidate listed twice for one query is an error.
+    `EvalInputError` names the first bad line; `check_candidates` lists them all.
     """
+    found, errors = check_candidates(path, documents)
+    if errors:
+        raise errors[0]
+    return found
+
+
+def check_candidates(
+    path: str | Path, documents: Mapping[str, Candidate] | None = None
+) -> tuple[dict[str, list[Candidate]], list[EvalInputError]]:
+    """`read_candidates` that checks every line: the candidates of the good lines, and an
+    `EvalInputError` per bad line, in file order. A file that cannot be read, or a line that
+    is not UTF-8, still raises at once (the lines after it cannot be told apart)."""
     found: dict[str, list[Candidate]] = {}
-    seen: dict[str, set[str]] = {}
+    seen: dict[str, dict[str, int]] = {}
+    errors: list[EvalInputError] = []
     jsonl = _is_jsonl(path)
     for number, line in _lines(path):
-        if jsonl:
-            record = _json_object(path, number, line)
-            qid = _field(path, number, record, ("query_id", "qid"), "id")
-            try:
-                doc, text, score, metadata = candidate_fields(
-                    record, id_keys=("id", "doc_id", "docid"), require_text=False
-                )
-            except ValueError as exc:
-                raise EvalInputError(path, number, str(exc)) from None
-        else:
-            parts = line.split()
-            if len(parts) != 6:
+        try:
+            qid, candidate = _candidate_line(path, number, line, jsonl, documents)
+            first = seen.setdefault(qid, {}).get(candidate.id)
+            if first is not None:
                 raise EvalInputError(
                     path,
                     number,
-                    f"expected 6 columns (qid Q0 docid rank score tag), got {len(parts)}",
+                    f"{candidate.id!r} is listed twice for query {qid!r} (first on line {first})",
                 )
-            qid, doc, text, metadata = parts[0], parts[2], None, {}
-            try:
-                score = float(parts[4])
-            except ValueError:
-                raise EvalInputError(path, number, f"score {parts[4]!r} is not a number") from None
-            if not math.isfinite(score):
-                raise EvalInputError(path, number, f"score {parts[4]!r} is not finite")
-        if text is None:
-            known = documents.get(doc) if documents is not None else None
-            if known is None:
-                raise EvalInputError(
-                    path, number, f"no text for document {doc!r} (give it, or pass its corpus)"
-                )
-            text, metadata = known.text, metadata or dict(known.metadata)
-        candidate = Candidate(doc, text, score, metadata)
-        if doc in seen.setdefault(qid, set()):
-            raise EvalInputError(path, number, f"{doc!r} is listed twice for query {qid!r}")
-        seen[qid].add(doc)
+        except EvalInputError as exc:
+            errors.append(exc)
+            continue
+        seen[qid][candidate.id] = number
         found.setdefault(qid, []).append(candidate)
-    return found
+    return found, errors
+
+
+def _candidate_line(
+    path: str | Path,
+    number: int,
+    line: str,
+    jsonl: bool,
+    documents: Mapping[str, Candidate] | None,
+) -> tuple[str, Candidate]:
+    """(query id, candidate) of one line of a run; `EvalInputError` says what is wrong."""
+    if jsonl:
+        record = _json_object(path, number, line)
+        qid = _field(path, number, record, ("query_id", "qid"), "id")
+        try:
+            doc, text, score, metadata = candidate_fields(
+                record, id_keys=("id", "doc_id", "docid"), require_text=False
+            )
+        except ValueError as exc:
+            raise EvalInputError(path, number, str(exc)) from None
+    else:
+        parts = line.split()
+        if len(parts) != 6:
+            raise EvalInputError(
+                path,
+                number,
+                f"expected 6 columns (qid Q0 docid rank score tag), got {len(parts)}",
+            )
+        qid, doc, text, metadata = parts[0], parts[2], None, {}
+        try:
+            score = float(parts[4])
+        except ValueError:
+            raise EvalInputError(path, number, f"score {parts[4]!r} is not a number") from None
+        if not math.isfinite(score):
+            raise EvalInputError(path, number, f"score {parts[4]!r} is not finite")
+    if text is None:
+        known = documents.get(doc) if documents is not None else None
+        if known is None:
+            raise EvalInputError(
+                path, number, f"no text for document {doc!r} (give it, or pass its corpus)"
+            )
+        text, metadata = known.text, metadata or dict(known.metadata)
+    return qid, Candidate(doc, text, score, metadata)
 
 
 def recall_ranking(candidates: Sequence[Candidate]) -> list[str]:

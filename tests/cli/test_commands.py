@@ -746,8 +746,9 @@ def test_eval_rejects_candidate_metadata_that_is_not_an_object(tmp_path: Path) -
     result = invoke("eval", *args, "--reranker", "lexical")
     assert result.exit_code == 2
     assert result.stdout == ""
-    assert f'{candidates}, line 2: "metadata" must be an object or null, got an array' in flat(
-        result.stderr
+    assert flat(result.stderr) == (
+        f"error: --candidates {candidates}: 1 bad line, nothing reranked "
+        'line 2: "metadata" must be an object or null, got an array'
     )
 
 

@@ -100,3 +100,36 @@ def test_the_bundled_corpus_loads_through_the_shared_reader() -> None:
     documents = load_corpus()
     assert len(documents) > 1000
     assert len({d.id for d in documents}) == len(documents)
+
+
+def test_eval_candidates_lists_every_bad_line_as_rerank_does(tmp_path: Path) -> None:
+    queries = tmp_path / "queries.tsv"
+    queries.write_text("q1\tfirst\n", encoding="utf-8")
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 0 a 1\n", encoding="utf-8")
+    candidates = tmp_path / "candidates.jsonl"
+    candidates.write_text(
+        '{"query_id": "q1", "id": "a", "text": "alpha"}\n'
+        '{"query_id": "q1", "id": "b", "text": }\n'
+        '{"query_id": "q1", "id": "c", "text": "gamma"}\n'
+        '{"query_id": "q1", "id": "zz"}\n'
+        '{"query_id": "q1", "id": "a", "text": "alpha again"}\n'
+        '{"query_id": "q1", "id": 7, "text": "seven"}\n',
+        encoding="utf-8",
+    )
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"id": "a", "text": "alpha"}\n', encoding="utf-8")
+    result = invoke(
+        "eval", "--queries", str(queries), "--qrels", str(qrels), "--candidates",
+        str(candidates), "--docs", str(docs), "--reranker", "lexical",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"error: --candidates {candidates}: 4 bad lines, nothing reranked",
+        "  line 2: not valid JSON: Expecting value (column 39)",
+        "  line 4: no text for document 'zz' (give it, or pass its corpus)",
+        "  line 5: 'a' is listed twice for query 'q1' (first on line 1)",
+        '  line 6: "id" must be a string, got the number 7 (write "7": ids are kept as given, '
+        "never converted)",
+    ]

@@ -133,6 +133,22 @@ def test_serve_help_shows_all_its_options_and_points_to_nothing_it_lacks() -> No
     assert "retrieval-stage serve --reranker local" in short.output
 
 
+def test_serve_helps_first_paragraph_names_every_route_it_serves() -> None:
+    pytest.importorskip("starlette", reason="the [server] extra")
+    from retrieval_stage.server import ServerSettings
+    from retrieval_stage.server.app import create_app
+
+    short = invoke("serve", "--help", COLUMNS="80")
+    assert short.exit_code == 0
+    first = " ".join(short.output.split("\n\n")[1].split())  # after "Usage: ..."
+    routes = list(create_app(ServerSettings(reranker="lexical")).routes)
+    assert len(routes) >= 5
+    for route in routes:
+        assert route.path in first, (route.path, first)
+        if "POST" in (route.methods or ()):
+            assert f"POST {route.path}" in first, (route.path, first)
+
+
 def test_the_application_help_has_examples() -> None:
     result = invoke("--help")
     assert "Examples:" in result.output

@@ -49,8 +49,12 @@ _MARKER = re.compile(r"^<!-- example: (?P<what>.*?) -->$")
 _IDS = re.compile(r"\b[0-9a-f]{32}\b|\b[0-9a-f]{16}\b")
 _LOAD_TIME = re.compile(r"^(model loaded in )\d+\.\d\d( s )")
 """The demo's model load time (`cli.model_load`), which no two runs share."""
-_PROGRESS = re.compile(r"^(embedding [\d,]+ documents once|embedded [\d,]+ of [\d,]+ documents)")
-"""The first embedding's progress lines: a terminal shows a bar that then disappears."""
+_PROGRESS = re.compile(
+    r"^(embedding [\d,]+ documents once|embedding the other [\d,]+ of [\d,]+ documents"
+    r"|embedded [\d,]+ of [\d,]+ documents)"
+)
+"""The first embedding's progress lines (or an interrupted one's rest): a terminal shows a
+bar that then disappears."""
 _SEPARATOR = "@@retrieval-stage-example-{}@@"
 
 

@@ -3,6 +3,9 @@ corpus, with the on-disk embedding cache under a temporary directory."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +22,18 @@ from retrieval_stage.recall import (
     BM25Recall,
     DenseRecall,
     HybridRecall,
+    dense,
     reciprocal_rank_fusion,
 )
 from retrieval_stage.recall.dense import default_cache_dir
 
-from .._minilm import EncodeCounter, reference_cosines, reuse_packaged_model
+from .._minilm import (
+    EncodeCounter,
+    need_numpy_backend,
+    packaged_path,
+    reference_cosines,
+    reuse_packaged_model,
+)
 
 QUERY = "read a file line by line"
 
@@ -41,8 +51,9 @@ def model(monkeypatch: pytest.MonkeyPatch) -> Any:
     return reuse_packaged_model(monkeypatch)
 
 
-def _npy_files(root: Path) -> list[Path]:
-    return sorted((root / "embeddings").glob("*.npy")) if (root / "embeddings").is_dir() else []
+def _chunk_files(root: Path) -> list[Path]:
+    """The cached chunks under `root`, every corpus's, in order."""
+    return sorted((root / "embeddings").glob("*/rows-*.f32"))
 
 
 # -- dense recall ----------------------------------------------------------------------------
@@ -93,19 +104,20 @@ def test_embeddings_are_written_once_and_read_back_with_progress_only_when_embed
 ) -> None:
     counter = EncodeCounter(model, monkeypatch)
     progress: list[tuple[int, int]] = []
-    first = DenseRecall(corpus, embedder=EmbeddingReranker(batch_size=16), cache_dir=tmp_path)
+    first = DenseRecall(corpus, cache_dir=tmp_path, chunk_rows=16)
     first.index(progress=lambda done, total: progress.append((done, total)))
 
     assert counter.documents_embedded == len(corpus)
-    assert progress == [(16, 40), (32, 40), (40, 40)]
+    assert progress == [(16, 40), (32, 40), (40, 40)]  # a chunk each, once written
     assert first.from_disk is False
-    (written,) = _npy_files(tmp_path)
-    assert first.cache_path == written
-    assert written.name.startswith("sentence-transformers_all-MiniLM-L6-v2-")
-    assert not [p for p in written.parent.iterdir() if p.suffix == ".tmp"]  # renamed into place
+    written = _chunk_files(tmp_path)
+    assert [p.name for p in written] == [f"rows-{s:09d}.f32" for s in (0, 16, 32)]
+    assert {p.parent for p in written} == {first.cache_path}
+    assert first.cache_path.name.startswith("sentence-transformers_all-MiniLM-L6-v2-")
+    assert not [p for p in first.cache_path.iterdir() if p.suffix == ".tmp"]  # renamed
 
     progress.clear()
-    second = DenseRecall(corpus, cache_dir=tmp_path)
+    second = DenseRecall(corpus, cache_dir=tmp_path, chunk_rows=16)
     second.index(progress=lambda done, total: progress.append((done, total)))
     assert second.from_disk is True
     assert counter.documents_embedded == len(corpus) + 1  # one document re-embedded as a check
@@ -121,33 +133,195 @@ def test_another_corpus_gets_its_own_file(
     recall = DenseRecall(changed, cache_dir=tmp_path)
     recall.index()
     assert recall.from_disk is False
-    assert len(_npy_files(tmp_path)) == 2
+    assert len({path.parent for path in _chunk_files(tmp_path)}) == 2
 
 
-def test_a_stale_or_broken_file_is_embedded_again_and_replaced(
-    model: Any, corpus: list[Candidate], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_another_models_vectors_under_this_name_are_embedded_again_and_replaced(
+    model: Any, corpus: list[Candidate], tmp_path: Path
 ) -> None:
     import numpy as np
 
     documents = corpus[:6]
     first = DenseRecall(documents, cache_dir=tmp_path)
     first.index()
-    path = first.cache_path
-    assert path is not None
-    good = np.load(path)
+    (path,) = _chunk_files(tmp_path)
+    good = _rows(path)
     expected = [c.id for c in first.recall(QUERY, 6)]
 
-    # Another model's vectors under this name: right shape, wrong numbers.
-    np.save(path, np.roll(good, 1, axis=0))
+    # A whole, well-formed chunk for these texts, with another model's numbers in it.
+    path.write_bytes(dense._chunk_bytes(0, [d.text for d in documents], np.roll(good, 1, axis=0)))
     again = DenseRecall(documents, cache_dir=tmp_path)
     assert [c.id for c in again.recall(QUERY, 6)] == expected
     assert again.from_disk is False
-    assert np.allclose(np.load(path), good, atol=1e-5)
+    assert again.resumed_rows == 0
+    assert np.allclose(_rows(path), good, atol=1e-5)
 
-    path.write_bytes(b"\x93NUMPY truncated")
-    third = DenseRecall(documents, cache_dir=tmp_path)
-    assert [c.id for c in third.recall(QUERY, 6)] == expected
-    assert third.from_disk is False
+
+def _rows(path: Path) -> Any:
+    """The rows of a chunk file that reads back whole (fails the test otherwise)."""
+    start = int(path.stem.removeprefix("rows-"))
+    magic, first, rows, dim, _, _ = dense._CHUNK_HEADER.unpack_from(path.read_bytes())
+    assert (magic, first) == (dense._CHUNK_MAGIC, start)
+    import numpy as np
+
+    payload = path.read_bytes()[dense._CHUNK_HEADER.size :]
+    return np.frombuffer(payload, dtype="<f4").reshape(rows, dim)
+
+
+def test_a_truncated_corrupt_or_misplaced_chunk_is_embedded_again_never_used(
+    model: Any, corpus: list[Candidate], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+
+    documents = corpus[:16]
+    first = DenseRecall(documents, cache_dir=tmp_path, chunk_rows=4)
+    first.index()
+    chunks = _chunk_files(tmp_path)
+    assert [p.name for p in chunks] == [f"rows-{s:09d}.f32" for s in (0, 4, 8, 12)]
+    good = [_rows(p).copy() for p in chunks]
+    whole = [c.id for c in first.recall(QUERY, 16)]
+
+    chunks[1].write_bytes(chunks[1].read_bytes()[:-7])  # truncated: a row cut short
+    data = bytearray(chunks[2].read_bytes())
+    data[-5] ^= 0x40  # one bit of one float flipped: the checksum no longer matches
+    chunks[2].write_bytes(bytes(data))
+    chunks[3].write_bytes(chunks[0].read_bytes())  # a whole chunk, for other rows
+
+    counter = EncodeCounter(model, monkeypatch)
+    again = DenseRecall(documents, cache_dir=tmp_path, chunk_rows=4)
+    assert [c.id for c in again.recall(QUERY, 16)] == whole
+    assert again.resumed_rows == 4
+    assert again.from_disk is False
+    # The three bad chunks' twelve documents, and the one the spot check embeds.
+    assert counter.documents_embedded == 12 + 1
+    assert [d for batch in counter.documents[1:] for d in batch] == [d.text for d in documents[4:]]
+    for path, rows in zip(_chunk_files(tmp_path), good, strict=True):
+        assert np.allclose(_rows(path), rows, atol=1e-5)  # each written again, whole
+
+
+def test_an_interrupted_index_keeps_its_chunks_and_the_next_embeds_only_the_rest(
+    model: Any, corpus: list[Candidate], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+
+    documents = corpus[:12]
+    reference = DenseRecall(documents, cache_dir=tmp_path / "reference", disk_cache=False)
+    reference.index()
+
+    embedded: list[int] = []
+    real_embed = model.encode_document
+
+    def interrupted_in_the_third_chunk(texts: Any, *args: Any, **kwargs: Any) -> Any:
+        embedded.append(len(texts))
+        if len(embedded) == 3:  # Ctrl-C while the model works on the third chunk
+            raise KeyboardInterrupt
+        return real_embed(texts, *args, **kwargs)
+
+    monkeypatch.setattr(model, "encode_document", interrupted_in_the_third_chunk)
+    progress: list[tuple[int, int]] = []
+    interrupted = DenseRecall(documents, cache_dir=tmp_path, chunk_rows=4)
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.index(progress=lambda done, total: progress.append((done, total)))
+    assert progress == [(4, 12), (8, 12)]
+    assert interrupted.cached_rows == 8
+    assert len(_chunk_files(tmp_path)) == 2
+    assert not interrupted.indexed
+    monkeypatch.setattr(model, "encode_document", real_embed)
+
+    counter = EncodeCounter(model, monkeypatch)
+    progress.clear()
+    resumed = DenseRecall(documents, cache_dir=tmp_path, chunk_rows=4)
+    resumed.index(progress=lambda done, total: progress.append((done, total)))
+    assert resumed.resumed_rows == 8
+    assert resumed.cached_rows == 12
+    assert counter.documents_embedded == 4 + 1  # the rest, and one spot-checked document
+    assert progress == [(12, 12)]  # counted from what was already on disk
+    assert np.allclose(resumed.scores(QUERY), reference.scores(QUERY), atol=1e-5)
+
+
+def test_chunk_rows_must_be_a_positive_int(corpus: list[Candidate], tmp_path: Path) -> None:
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="chunk_rows"):
+            DenseRecall(corpus[:2], cache_dir=tmp_path, chunk_rows=bad)  # type: ignore[arg-type]
+
+
+# -- keyed by the model's content ------------------------------------------------------------
+
+
+def test_two_installs_of_one_model_share_the_cached_embeddings(
+    corpus: list[Candidate], tmp_path: Path
+) -> None:
+    need_numpy_backend()
+    installed = Path(packaged_path())
+    other_venv = tmp_path / "other-venv" / "model"
+    shutil.copytree(installed, other_venv, copy_function=os.link)  # same bytes, another path
+    documents = corpus[:4]
+
+    first = DenseRecall(
+        documents, embedder=EmbeddingReranker(other_venv, backend="numpy"), cache_dir=tmp_path
+    )
+    first.index()
+    assert first.from_disk is False
+    second = DenseRecall(
+        documents, embedder=EmbeddingReranker(installed, backend="numpy"), cache_dir=tmp_path
+    )
+    second.index()
+    assert second.cache_path == first.cache_path
+    assert second.from_disk is True
+
+
+def _fake_model(root: Path, weights: bytes) -> Path:
+    (root / "sub").mkdir(parents=True)
+    (root / "config.json").write_text('{"hidden_size": 4}', encoding="utf-8")
+    (root / "model.safetensors").write_bytes(weights)
+    (root / "sub" / "tokenizer.json").write_text("{}", encoding="utf-8")
+    return root
+
+
+def test_the_fingerprint_is_the_content_of_the_models_files(tmp_path: Path) -> None:
+    weights = os.urandom(dense._MEMO_MIN_BYTES + 17)  # large enough to be remembered
+    memo = tmp_path / "memo"
+    a = _fake_model(tmp_path / "a", weights)
+    b = _fake_model(tmp_path / "b", weights)
+    key = dense._model_fingerprint(str(a), None, memo)
+    assert dense._model_fingerprint(str(b), None, memo) == key  # another place, same files
+    assert dense._model_fingerprint(str(a), 128, memo) != key  # another length cap
+    assert dense._model_fingerprint(str(a), None, memo, variant="precision=int8") != key
+
+    (b / ".git").mkdir()
+    (b / ".git" / "HEAD").write_text("ref: main", encoding="utf-8")
+    (b / "__pycache__").mkdir()
+    (b / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    assert dense._model_fingerprint(str(b), None, memo) == key  # not the model's files
+
+    (b / "sub" / "tokenizer.json").write_text('{"v": 2}', encoding="utf-8")
+    assert dense._model_fingerprint(str(b), None, memo) != key
+
+
+def test_the_weights_digest_is_remembered_until_the_file_changes_even_at_the_same_mtime(
+    tmp_path: Path,
+) -> None:
+    weights = os.urandom(dense._MEMO_MIN_BYTES + 17)
+    memo = tmp_path / "memo"
+    model_dir = _fake_model(tmp_path / "m", weights)
+    path = model_dir / "model.safetensors"
+    key = dense._model_fingerprint(str(model_dir), None, memo)
+    (remembered,) = memo.iterdir()
+    assert remembered.read_text(encoding="ascii") == hashlib.sha256(weights).hexdigest()
+
+    remembered.write_text("ab" * 32, encoding="ascii")  # the memo is what a run reads
+    assert dense._model_fingerprint(str(model_dir), None, memo) != key
+
+    before = path.stat()
+    changed = bytearray(weights)
+    changed[1000] ^= 1  # the same size, the same mtime put back: only the content differs
+    path.write_bytes(bytes(changed))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns
+    fresh = dense._model_fingerprint(str(model_dir), None, memo)
+    path.write_bytes(weights)
+    assert fresh not in (key, dense._model_fingerprint(str(model_dir), None, memo))
+    assert dense._model_fingerprint(str(model_dir), None, tmp_path / "new-memo") == key
 
 
 def test_an_unwritable_cache_directory_costs_the_cache_not_the_recall(
