@@ -233,8 +233,9 @@ def timeout(value: Any, field: str = "timeout") -> float:
 
 
 def batch_size(value: Any, field: str = "batch_size") -> BatchSize:
-    """Texts per request: a positive int, ``"auto"`` (ask the server), or None (the
-    provider's documented cap)."""
+    """Texts per request: a positive int (a ceiling no server raises), ``"auto"`` (ask TEI's
+    ``/info`` on the first call), or None (the provider's documented cap, replaced by TEI's
+    ``/info`` once a call has read it: `retrieval_stage.client.plan.Learned`)."""
     if value is None or value == "auto":
         return value  # type: ignore[no-any-return]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -119,8 +119,10 @@ class ClientCore(Generic[H]):
             basic_auth=basic_auth,
         )
         self._learned = Learned(
-            batch_size if isinstance(batch_size, int) else wire.batch_size,
-            ask_info=batch_size == "auto",
+            wire.batch_size,
+            configured=batch_size if isinstance(batch_size, int) else None,
+            auto=batch_size == "auto",
+            has_info=wire.name == "tei",
             ask_model=model is None and wire.name == "tei",
         )
         self._owns_http = http_client is None
@@ -148,7 +150,13 @@ class ClientCore(Generic[H]):
 
     @property
     def batch_size(self) -> int:
-        """Texts per request now: the configured size, lowered by any cap the server taught."""
+        """Texts per request now. An explicit ``batch_size=N`` is a ceiling: never raised, only
+        lowered by a cap the server states (TEI's ``/info``, or a refusal's "at most M"). With
+        the default (None), the provider's documented cap (TEI: 32) until TEI's ``/info`` is
+        read, then the ``max_client_batch_size`` it advertises (up or down), lowered by any
+        refusal's cap. A TEI client reads ``/info`` once: on its first call larger than 32
+        texts, or its first traced call without a configured model (for the model's name);
+        with ``batch_size="auto"`` on its first call, whatever its size."""
         return self._learned.batch_size
 
     @property

@@ -34,7 +34,7 @@ from ..errors import (
 )
 from ..models import Usage
 from .error_bodies import batch_cap
-from .plan import Learned, Plan
+from .plan import InfoQuestion, Learned, Plan
 from .providers import ParsedBatch, build_request, expected_results, parse_response
 from .retry import is_retryable_error, is_retryable_status, retry_wait
 from .sanitize import server_text
@@ -93,70 +93,57 @@ class Call:
     # -- the flows --------------------------------------------------------------------------
 
     def flow(self) -> Flow:
-        """The whole call: ``/info`` when asked for, then the batches."""
+        """The whole call: ``/info`` when this call is the one to ask it, then the batches."""
         if not self.texts:
             return []
-        # The model name is for the span: asked only when one records (at most once a client).
-        ask_model = trace.get_current_span().is_recording() and self.learned.take_model_question()
-        if self.learned.ask_info:
-            yield from self._info()
-        elif ask_model:
-            yield from self._model_info()
+        question = self.learned.take_info_question(
+            len(self.texts), recording=trace.get_current_span().is_recording()
+        )
+        if question is not None:
+            yield from self._info(question)
         return (yield from self._fork(0, len(self.texts), self.learned.batch_size))
 
-    def _info(self) -> Generator[Step, Any, None]:
-        """Learn the batch cap (and model) the provider exposes; one log event when we can't."""
+    def _info(self, question: InfoQuestion) -> Generator[Step, Any, None]:
+        """Ask TEI's ``/info`` for its batch cap and model (`plan.Learned` keeps what it
+        says). A failure costs the call nothing but one event: ``rerank.info_unavailable``
+        when the cap was wanted (a warning where ``batch_size="auto"`` asked for it), else
+        ``rerank.model_unknown`` (spans then carry no model name)."""
         plan, learned = self.plan, self.learned
-        cause: str | None
+        cause: str
+        missing: tuple[str | None, str | None]
         if plan.provider != "tei":
-            cause = f"{plan.provider} exposes no batch cap"
+            missing = (f"{plan.provider} exposes no batch cap", None)
         else:
             outcome = yield Send("GET", plan.base_url + "/info", plan.headers())
             hay = self.hay()
             if isinstance(outcome, Reply) and outcome.is_success:
                 try:
-                    cause = learned.apply_info(outcome.json(), lambda m: self._model(m, hay))
+                    missing = learned.apply_info(outcome.json(), lambda m: self._model(m, hay))
                 except (ValueError, RecursionError):
                     kind = outcome.headers.get("content-type", "unknown content-type")
                     cause = f"not JSON ({clean(kind, hay, plan.secrets, 80)})"
-            elif isinstance(outcome, Reply):
-                cause = f"HTTP {outcome.status_code}"
-            elif isinstance(outcome, RerankError):
-                cause = clean(str(outcome), hay, plan.secrets)
+                    missing = (cause, cause)
             else:
-                cause = type(outcome).__name__ if outcome is not EXPIRED else "deadline"
-        learned.ask_info = False
-        if cause is not None:
-            log.warning(
+                if isinstance(outcome, Reply):
+                    cause = f"HTTP {outcome.status_code}"
+                elif isinstance(outcome, RerankError):
+                    cause = clean(str(outcome), hay, plan.secrets)
+                else:
+                    cause = type(outcome).__name__ if outcome is not EXPIRED else "deadline"
+                missing = (cause, cause)
+        no_cap, no_model = missing
+        if question.cap and no_cap is not None:
+            say = log.warning if question.loud else log.info
+            say(
                 "rerank.info_unavailable",
                 provider=plan.provider,
-                caused_by=cause,
+                caused_by=no_cap,
                 batch_size=learned.batch_size,
             )
-
-    def _model_info(self) -> Generator[Step, Any, None]:
-        """Ask TEI's ``/info`` for the model name only. A failure costs the call nothing but
-        one ``rerank.model_unknown`` event (spans then carry no model name)."""
-        plan = self.plan
-        outcome = yield Send("GET", plan.base_url + "/info", plan.headers())
-        hay = self.hay()
-        cause: str | None
-        if isinstance(outcome, Reply) and outcome.is_success:
-            try:
-                cause = self.learned.apply_info(
-                    outcome.json(), lambda m: self._model(m, hay), batch=False
-                )
-            except (ValueError, RecursionError):
-                kind = outcome.headers.get("content-type", "unknown content-type")
-                cause = f"not JSON ({clean(kind, hay, plan.secrets, 80)})"
-        elif isinstance(outcome, Reply):
-            cause = f"HTTP {outcome.status_code}"
-        elif isinstance(outcome, RerankError):
-            cause = clean(str(outcome), hay, plan.secrets)
-        else:
-            cause = type(outcome).__name__ if outcome is not EXPIRED else "deadline"
-        if cause is not None:
-            log.info("rerank.model_unknown", provider=plan.provider, caused_by=cause)
+            if no_model == no_cap:  # one failure, said once
+                return
+        if question.model and no_model is not None:
+            log.info("rerank.model_unknown", provider=plan.provider, caused_by=no_model)
 
     def _fork(self, start: int, stop: int, size: int) -> Flow:
         # Loops, not comprehensions: a comprehension naming `self`, `stop` or `size` makes a

@@ -22,7 +22,7 @@ from ..spans.handoff import mark_handoff
 from .body import ACCEPT_ENCODING, DEFAULT_MAX_RESPONSE_BYTES
 from .providers import WireFormat
 
-__all__ = ["Learned", "Plan"]
+__all__ = ["InfoQuestion", "Learned", "Plan"]
 
 log = get_logger("retrieval_stage.client")
 
@@ -96,54 +96,108 @@ class Plan:
         return text
 
 
-class Learned:
-    """What the server taught one client, shared by all its calls."""
+@dataclass(frozen=True, slots=True)
+class InfoQuestion:
+    """Why one call asks TEI's ``GET /info`` (at most one call of a client ever does)."""
 
-    def __init__(self, batch_size: int, *, ask_info: bool, ask_model: bool = False) -> None:
-        self._size = batch_size
+    cap: bool
+    """The answer's ``max_client_batch_size`` is what this call needs: a failure is logged as
+    ``rerank.info_unavailable``."""
+    model: bool
+    """The answer's ``model_id`` is wanted for the span: its absence is ``rerank.model_unknown``."""
+    loud: bool = False
+    """``batch_size="auto"`` asked for the cap: a failure is a warning, not an info line."""
+
+
+class Learned:
+    """What the server taught one client, shared by all its calls.
+
+    The batch size a call plans with: the explicit `configured` size, else `default` (the
+    provider's documented cap); once ``/info`` has been read, its ``max_client_batch_size``
+    replaces `default`, and lowers (never raises) a configured size; a refusal's stated cap
+    lowers either for every later call, until `forget_cap`.
+    """
+
+    def __init__(
+        self,
+        default: int,
+        *,
+        configured: int | None = None,
+        auto: bool = False,
+        has_info: bool = False,
+        ask_model: bool = False,
+    ) -> None:
+        self._default = default
+        self._configured = configured
+        self._info_cap: int | None = None
         self._cap: int | None = None
         self.model: str | None = None
-        self.ask_info = ask_info
-        # TEI names its model only in ``/info``: with no model configured, one call asks it
-        # (once per client, whatever the answer), so spans and metrics carry a model name.
+        self._auto = auto
+        self._has_info = has_info
+        # TEI names its model only in ``/info``: with no model configured, a traced call asks
+        # it (once per client, whatever the answer), so spans and metrics carry a model name.
         self._ask_model = ask_model
+        self._asked = not (auto or has_info)
         self._lock = threading.Lock()
 
     @property
     def batch_size(self) -> int:
-        """Texts per request now: the configured (or ``/info``) size, lowered by a stated cap."""
-        return self._size if self._cap is None else min(self._size, self._cap)
+        """Texts per request now: the configured size (else ``/info``'s cap, else the
+        provider's), lowered by ``/info``'s cap and by a cap a refusal stated."""
+        size = self._configured if self._configured is not None else self._default
+        info = self._info_cap
+        if info is not None:
+            size = info if self._configured is None else min(size, info)
+        return size if self._cap is None else min(size, self._cap)
 
-    def take_model_question(self) -> bool:
-        """Whether this call is the one to ask ``/info`` for the model (at most one per client,
-        also when calls start concurrently)."""
+    def take_info_question(self, n_texts: int, *, recording: bool) -> InfoQuestion | None:
+        """Whether this call asks ``/info``, and what for; at most one call per client asks,
+        also when calls start concurrently, whatever the answer.
+
+        Asked by the first call with `batch_size="auto"`; otherwise (TEI only) by the first
+        call with more texts than the batch size in force (``/info`` may allow the whole call
+        in one request, or tell a smaller cap before a refusal would), or by the first traced
+        call with no model configured (the model's name for the span). An explicit
+        ``batch_size`` never asks for the cap: the user chose it.
+        """
+        if self._asked:  # the common case: decided without the lock
+            return None
+        cap = self._auto or (
+            self._has_info and self._configured is None and n_texts > self.batch_size
+        )
+        model = self._ask_model and recording
+        if not (cap or model):
+            return None
         with self._lock:
-            ask, self._ask_model = self._ask_model, False
-        return ask
+            if self._asked:  # a concurrent call asks it
+                return None
+            self._asked = True
+        return InfoQuestion(cap=cap, model=model, loud=self._auto)
 
     def apply_info(
-        self, info: Any, clean: Callable[[str], str | None], *, batch: bool = True
-    ) -> str | None:
-        """Take the model and, with `batch`, the batch cap from TEI's ``/info``; what was
-        missing, else None. Without `batch` the configured batch size is kept.
+        self, info: Any, clean: Callable[[str], str | None]
+    ) -> tuple[str | None, str | None]:
+        """Take the model and the batch cap from TEI's ``/info``; why each is missing (the
+        cap's, then the model's), or None where it was found.
 
         The model id is server text: `clean` (the flow's sanitiser, which also caps it) is
         applied before it is kept, since it reaches spans and responses."""
         if not isinstance(info, dict):
-            return "not a JSON object"
+            return "not a JSON object", "not a JSON object"
         model_id = info.get("model_id")
-        if isinstance(model_id, str) and model_id:
-            self.model = clean(model_id) or None
-        if not batch:
-            return None if self.model else "no model_id"
+        model = clean(model_id) if isinstance(model_id, str) and model_id else None
         cap = info.get("max_client_batch_size")
-        if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0:
-            self._size = cap
-            return None
-        return "no max_client_batch_size"
+        good = isinstance(cap, int) and not isinstance(cap, bool) and cap > 0
+        with self._lock:
+            if model:
+                self.model = model
+            if good:
+                self._info_cap = cap
+        return (None if good else "no max_client_batch_size", None if model else "no model_id")
 
     def forget_cap(self) -> None:
-        """Drop the cap servers stated, so the configured (or ``/info``) size is used again."""
+        """Drop the caps refusals stated, so the configured (or ``/info``) size is used
+        again."""
         with self._lock:
             self._cap = None
 

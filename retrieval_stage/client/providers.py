@@ -125,8 +125,9 @@ PROVIDERS: Mapping[str, WireFormat] = {
     f.name: f
     for f in (
         # Hugging Face text-embeddings-inference: bare array of {index, score}; usage in the
-        # x-compute-tokens header; 32 = the server's default --max-client-batch-size (GET /info
-        # reports the real one; batch_size="auto" reads it).
+        # x-compute-tokens header; 32 = the server's default --max-client-batch-size, used until
+        # GET /info, read once by the first call that needs it, reports the real one
+        # (plan.Learned).
         WireFormat(
             name="tei",
             auth_header="apikey",

@@ -1,5 +1,6 @@
-"""The ASGI application: ``POST /rerank``, ``GET /info``, ``GET /health``, TEI-compatible, and
-``POST /v2/rerank`` and ``POST /v1/rerank`` in Cohere's and Jina's shapes.
+"""The ASGI application: ``POST /rerank``, ``GET /info``, ``GET /health``, TEI-compatible (its
+``/rerank`` also reads the sidecar's body and Jina's/vLLM's), and ``POST /v2/rerank`` and
+``POST /v1/rerank`` in Cohere's and Jina's shapes.
 
 `create_app` builds a Starlette app that any ASGI server can run (``retrieval-stage serve``
 runs it on uvicorn). The model loads in the background once the app starts, so ``/health``
@@ -44,7 +45,7 @@ from .._log import get_logger
 from .._version import __version__
 from .batcher import Batch, Batcher, ClientGone
 from .cohere import COHERE
-from .jina import JINA
+from .jina import JINA, PLAIN, read_plain
 from .reranker_span import request_kind, reranker_outcome
 from .scorers import Group, Scorer, make_scorer, set_threads
 from .settings import ServerSettings
@@ -59,13 +60,16 @@ from .telemetry import (
 from .wire import (
     Answer,
     ApiError,
+    ApiRequest,
     RerankApi,
     RerankJob,
     ServedModel,
     body_too_slow,
+    decode_object,
     internal_error,
-    parse_rerank_body,
+    read_rerank_body,
     render_scores,
+    rerank_shape,
     unhealthy,
 )
 
@@ -243,12 +247,6 @@ class _Scored:
     queue_wait: float
 
 
-async def _parse(request: Request[State], serving: Serving) -> RerankJob:
-    """The request's job, or the refusal TEI gives: not ready, not JSON, too large, invalid."""
-    raw = await _body(request, serving)
-    return parse_rerank_body(raw, max_client_batch_size=serving.settings.max_client_batch_size)
-
-
 async def _body(request: Request[State], serving: Serving) -> bytes:
     """The request's JSON body, or the refusal: not ready, not JSON, too large."""
     if not serving.ready:
@@ -373,14 +371,34 @@ def _reranked(
     )
 
 
+def _served(serving: Serving) -> ServedModel:
+    """What a hosted API's request is checked against."""
+    return ServedModel(
+        serving.scorer.model_id,
+        serving.settings.max_client_batch_size,
+        serving.scorer.max_input_length,
+    )
+
+
 async def rerank(request: Request[State]) -> Response:
-    """``POST /rerank``: TEI's (or the sidecar's) scores, or TEI's refusal; either way one
-    span, one metric point and one access-log line (`record_request`)."""
+    """``POST /rerank``: TEI's body answered in TEI's shape, the sidecar's in the sidecar's, and
+    Jina's/vLLM's (``documents`` as strings, `wire.rerank_shape` tells them apart) as
+    ``/v1/rerank`` answers it (`jina.PLAIN`, its errors in that shape too); or the refusal.
+    Either way one span, one metric point and one access-log line (`record_request`)."""
     serving = request.state["server"]
     record = RequestRecord(started=time.monotonic())
     span = trace.get_current_span()
+    api: RerankApi | None = None  # TEI's error shape until the body is Jina's/vLLM's
     try:
-        job = await _parse(request, serving)
+        body = decode_object(await _body(request, serving))
+        shape = rerank_shape(body)
+        if shape == "jina":
+            api = PLAIN
+            record.shape = api.shape
+            asked = read_plain(body, _served(serving))
+            return await _answer(request, serving, record, span, api, asked)
+        cap = serving.settings.max_client_batch_size
+        job = read_rerank_body(body, shape, max_client_batch_size=cap)
         record.shape, record.texts = job.shape, len(job.texts)
         scored = await _score(request, serving, job, otel_context.get_current())
         response = _render(serving, job, scored, record.started)
@@ -389,10 +407,30 @@ async def rerank(request: Request[State]) -> Response:
         _reranked(span, serving, job, scored, top_n=None)
         return response
     except Exception as exc:
-        response, record.status, record.error_type = _failure(exc)
+        response, record.status, record.error_type = _failure(exc, api)
         return response
     finally:
         record_request(span, serving.instruments, record, serving.scorer.model_id)
+
+
+async def _answer(
+    request: Request[State],
+    serving: Serving,
+    record: RequestRecord,
+    span: trace.Span,
+    api: RerankApi,
+    asked: ApiRequest,
+) -> Response:
+    """A checked hosted-API request scored and rendered in `api`'s shape, with what it took
+    kept in `record` and the answer on the request `span`."""
+    record.texts = len(asked.job.texts)
+    scored = await _score(request, serving, asked.job, otel_context.get_current())
+    body = api.render(Answer(asked, scored.scores, scored.tokens))
+    response = _render(serving, asked.job, scored, record.started, body)
+    record.tokens, record.batches = scored.tokens, scored.batches
+    record.queue_wait = scored.queue_wait
+    _reranked(span, serving, asked.job, scored, top_n=asked.top_n)
+    return response
 
 
 def _hosted(api: RerankApi) -> Callable[[Request[State]], Awaitable[Response]]:
@@ -404,21 +442,8 @@ def _hosted(api: RerankApi) -> Callable[[Request[State]], Awaitable[Response]]:
         record = RequestRecord(started=time.monotonic(), shape=api.shape)
         span = trace.get_current_span()
         try:
-            raw = await _body(request, serving)
-            served = ServedModel(
-                serving.scorer.model_id,
-                serving.settings.max_client_batch_size,
-                serving.scorer.max_input_length,
-            )
-            asked = api.parse(raw, served)
-            record.texts = len(asked.job.texts)
-            scored = await _score(request, serving, asked.job, otel_context.get_current())
-            body = api.render(Answer(asked, scored.scores, scored.tokens))
-            response = _render(serving, asked.job, scored, record.started, body)
-            record.tokens, record.batches = scored.tokens, scored.batches
-            record.queue_wait = scored.queue_wait
-            _reranked(span, serving, asked.job, scored, top_n=asked.top_n)
-            return response
+            asked = api.parse(await _body(request, serving), _served(serving))
+            return await _answer(request, serving, record, span, api, asked)
         except Exception as exc:
             response, record.status, record.error_type = _failure(exc, api)
             return response

@@ -7,6 +7,14 @@ document), ``return_documents`` (default true). Response: ``{"model", "usage": {
 "prompt_tokens"}, "results": [{"index", "relevance_score", "document"?: {"text"}}]}``, best
 first, cut to ``top_n``. Errors: FastAPI's ``{"detail"}`` (a list of ``{"loc", "msg", "type"}``
 for a 422, a string otherwise), with the statuses ``POST /rerank`` gives.
+
+The same body with ``documents`` as strings, posted to ``POST /rerank`` as vLLM and Infinity
+take it there (LiteLLM's ``infinity/`` and ``hosted_vllm/`` providers, LlamaIndex's
+``JinaRerank`` with a root ``base_url``), is read by `read_plain` and answered the same way
+(`PLAIN`), with two differences that follow vLLM and Infinity: ``model`` may be left out (the
+served one), and ``top_n`` 0 means every document. Its results never carry ``document``: vLLM
+answers it as ``{"text"}``, Infinity as a bare string, and LiteLLM's client for each fails on
+the other's form (both ask ``return_documents: true``), while every client maps by ``index``.
 """
 
 from __future__ import annotations
@@ -26,12 +34,14 @@ from .wire import (
     flag,
     json_kind,
     listed,
+    model_not_served,
     query_of,
+    read_rerank_body,
     string,
     top_n,
 )
 
-__all__ = ["JINA", "error_body", "parse", "render"]
+__all__ = ["JINA", "PLAIN", "error_body", "parse", "read_plain", "render"]
 
 
 def _text(document: Any, i: int) -> str:
@@ -67,6 +77,22 @@ def parse(raw: bytes, serving: ServedModel) -> ApiRequest:
     )
 
 
+def read_plain(body: dict[str, Any], serving: ServedModel) -> ApiRequest:
+    """Read and check a decoded Jina/vLLM body posted to ``POST /rerank`` (``documents`` all
+    strings, as `rerank_shape` told) against what is served: ``model`` optional but, when given,
+    the served one (else 404); ``top_n`` 0 or absent is every document; ``return_documents``
+    checked and not answered (the module's docstring says why)."""
+    model = serving.model
+    if body.get("model") is not None:
+        asked = string(body["model"], "model")
+        if asked != serving.model:
+            raise model_not_served(asked, serving.model)
+    job = read_rerank_body(body, "jina", max_client_batch_size=serving.max_client_batch_size)
+    top = top_n(body, zero_is_all=True)
+    flag(body, "return_documents", None)
+    return ApiRequest(job=job, model=model, top_n=top, return_documents=False)
+
+
 def render(answer: Answer) -> bytes:
     """Jina's response: results best first with each document's ``index`` (and its text when
     ``return_documents``), cut to ``top_n``; the tokens the model read as ``usage``."""
@@ -91,3 +117,14 @@ def error_body(error: ApiError) -> bytes:
 
 
 JINA = RerankApi(shape="jina", path="/v1/rerank", parse=parse, render=render, error_body=error_body)
+
+
+def _parse_plain(raw: bytes, serving: ServedModel) -> ApiRequest:
+    return read_plain(decode_object(raw), serving)
+
+
+PLAIN = RerankApi(
+    shape="jina", path="/rerank", parse=_parse_plain, render=render, error_body=error_body
+)
+"""Jina's answer to the Jina/vLLM body on ``POST /rerank`` (the app tells it from TEI's and the
+sidecar's by `retrieval_stage.server.wire.rerank_shape`)."""

@@ -1,12 +1,16 @@
 """What goes over the wire: request bodies read and checked, responses and errors shaped.
 
-Two request shapes reach ``POST /rerank``:
+Three request shapes reach ``POST /rerank``, told apart by their fields (`rerank_shape`):
 
 - TEI's: ``{"query", "texts", "raw_scores"?, "return_text"?, "truncate"?,
   "truncation_direction"?}``, answered by a bare array ``[{"index", "score", "text"?}]`` sorted
   by score (ties keep input order), so every TEI client works unchanged;
 - the seed's sidecar contract: ``{"query", "documents": [{"id", "text"}]}``, answered by
-  ``{"scores": [{"id", "score"}]}`` in input order.
+  ``{"scores": [{"id", "score"}]}`` in input order;
+- Jina's and vLLM's (and Infinity's), which vLLM and Infinity take at ``/rerank``: ``{"model"?,
+  "query", "documents": [str, ...], "top_n"?, "return_documents"?}``, answered as ``POST
+  /v1/rerank`` answers (`retrieval_stage.server.jina`), so LiteLLM's ``infinity/`` and
+  ``hosted_vllm/`` providers and LlamaIndex's ``JinaRerank`` work pointed at the root.
 
 Errors take TEI's body ``{"error", "error_type"}`` and its status codes. A message names the
 field that was wrong and never quotes the caller's query or texts: they may be private, and
@@ -32,6 +36,7 @@ __all__ = [
     "ApiRequest",
     "RerankApi",
     "RerankJob",
+    "RerankShape",
     "ServedModel",
     "Shape",
     "batch_too_large",
@@ -46,7 +51,9 @@ __all__ = [
     "parse_rerank_body",
     "query_of",
     "ranked",
+    "read_rerank_body",
     "render_scores",
+    "rerank_shape",
     "string",
     "too_much_work",
     "top_n",
@@ -54,6 +61,9 @@ __all__ = [
 ]
 
 Shape = Literal["tei", "sidecar", "cohere", "jina"]
+
+RerankShape = Literal["tei", "sidecar", "jina"]
+"""The request shapes ``POST /rerank`` reads (`rerank_shape`)."""
 
 # TEI's error types and the status each one answers with (router v1.9: Validation is 422,
 # an empty `texts` is its own 400, a full queue 429, a failed model 424, not ready 503).
@@ -129,12 +139,19 @@ def unhealthy() -> ApiError:
     return ApiError("Unhealthy", "unhealthy")
 
 
+QUOTED_MODEL_CHARS = 40
+"""The most characters of a caller's model string a refusal repeats: enough to recognise the
+name, never the caller's whole string (a 2 MB ``model`` must not come back as a 2 MB error)."""
+
+
 def model_not_served(asked: str, served: str) -> ApiError:
-    """A request naming a model this server does not run: 404, naming both (as vLLM answers
-    an unknown model), so the caller sees at once what to ask for instead."""
+    """A request naming a model this server does not run: 404, naming the served one (as vLLM
+    answers an unknown model), so the caller sees at once what to ask for instead. The asked
+    name is repeated up to `QUOTED_MODEL_CHARS` characters, a longer one cut and marked ``…``."""
+    shown = asked if len(asked) <= QUOTED_MODEL_CHARS else asked[:QUOTED_MODEL_CHARS] + "…"
     return ApiError(
         "ModelNotFound",
-        f"the model `{asked}` is not served here: this server serves `{served}`",
+        f"the model `{shown}` is not served here: this server serves `{served}`",
     )
 
 
@@ -226,15 +243,19 @@ def listed(body: dict[str, Any], field: str, cap: int) -> list[Any]:
     return items
 
 
-def top_n(body: dict[str, Any]) -> int | None:
-    """The optional ``top_n``: a positive integer, or None when absent or null (all results)."""
+def top_n(body: dict[str, Any], *, zero_is_all: bool = False) -> int | None:
+    """The optional ``top_n``: a positive integer, or None when absent or null (all results);
+    with `zero_is_all`, 0 means all too (vLLM's default)."""
     value = body.get("top_n")
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise ApiError("Validation", f"`top_n` must be an integer, got {json_kind(value)}")
+    if zero_is_all and value == 0:
+        return None
     if value < 1:
-        raise ApiError("Validation", f"`top_n` must be at least 1, got {value}")
+        least = 0 if zero_is_all else 1
+        raise ApiError("Validation", f"`top_n` must be at least {least}, got {value}")
     return value
 
 
@@ -255,23 +276,74 @@ def check_model(body: dict[str, Any], served: str) -> str:
     return asked
 
 
+EXPECTED_SHAPES = (
+    "expected `texts` (TEI), `documents` as strings (Jina/vLLM) or as {id, text} objects (sidecar)"
+)
+
+_AS_ONE = "give every document as a string (Jina/vLLM) or every one as {id, text} (sidecar)"
+
+
+def rerank_shape(body: dict[str, Any]) -> RerankShape:
+    """Which of ``POST /rerank``'s three shapes `body` is, from its fields: ``texts`` is TEI's,
+    ``documents`` of strings Jina's/vLLM's, of objects the sidecar's. A body with neither field
+    or both is refused naming the three; a ``documents`` list mixing strings and objects is
+    refused naming the first position that differs from ``documents[0]``. A ``documents`` that
+    is not a non-empty list is left to `listed` to refuse (in the sidecar's words, as before)."""
+    has_texts, has_documents = "texts" in body, "documents" in body
+    if has_texts and has_documents:
+        raise ApiError("Validation", f"{EXPECTED_SHAPES}: give one, not both")
+    if has_texts:
+        return "tei"
+    if not has_documents:
+        raise ApiError(
+            "Validation", f"{EXPECTED_SHAPES}: the body has neither `texts` nor `documents`"
+        )
+    items = body["documents"]
+    if not isinstance(items, list) or not items:
+        return "sidecar"
+    first = items[0]
+    kind: type
+    shape: RerankShape
+    if isinstance(first, str):
+        kind, shape, like = str, "jina", "a string like `documents[0]`"
+    elif isinstance(first, dict):
+        kind, shape, like = dict, "sidecar", "an object like `documents[0]`"
+    else:
+        raise ApiError(
+            "Validation",
+            f"`documents[0]` must be a string (Jina/vLLM) or an {{id, text}} object (sidecar), "
+            f"got {json_kind(first)}",
+        )
+    for i, item in enumerate(items):
+        if not isinstance(item, kind):
+            raise ApiError(
+                "Validation", f"`documents[{i}]` must be {like}, got {json_kind(item)}: {_AS_ONE}"
+            )
+    return shape
+
+
 def parse_rerank_body(raw: bytes, *, max_client_batch_size: int) -> RerankJob:
     """Read and check a ``POST /rerank`` body; `ApiError` says what was wrong.
 
     Malformed JSON is a 400, a body of the wrong form a 422, an empty list of texts TEI's 400
     ``Empty``, more texts than `max_client_batch_size` TEI's 422 refusal that states the cap.
+    A Jina/vLLM body gives its query and texts only: its options (``model``, ``top_n``) are
+    read by `retrieval_stage.server.jina.read_plain`, which the app calls instead.
     """
     body = decode_object(raw)
-    has_texts, has_documents = "texts" in body, "documents" in body
-    if has_texts == has_documents:
-        raise ApiError(
-            "Validation",
-            "give either `texts` (TEI's shape) or `documents` (the sidecar's), not "
-            + ("both" if has_texts else "neither"),
-        )
+    return read_rerank_body(body, rerank_shape(body), max_client_batch_size=max_client_batch_size)
+
+
+def read_rerank_body(
+    body: dict[str, Any], shape: RerankShape, *, max_client_batch_size: int
+) -> RerankJob:
+    """`parse_rerank_body` of a decoded body whose `shape` `rerank_shape` told."""
     query = query_of(body)
-    items = listed(body, "texts" if has_texts else "documents", max_client_batch_size)
-    if has_texts:
+    items = listed(body, "texts" if shape == "tei" else "documents", max_client_batch_size)
+    if shape == "jina":
+        texts = tuple(string(t, f"documents[{i}]") for i, t in enumerate(items))
+        return RerankJob(shape="jina", query=query, texts=texts)
+    if shape == "tei":
         texts = tuple(string(t, f"texts[{i}]") for i, t in enumerate(items))
         direction = body.get("truncation_direction", "Right")
         if direction not in ("Right", "right"):
@@ -298,7 +370,10 @@ def parse_rerank_body(raw: bytes, *, max_client_batch_size: int) -> RerankJob:
             )
         for key in ("id", "text"):
             if key not in document:
-                raise ApiError("Validation", f"`documents[{i}]` has no `{key}`")
+                hint = ""
+                if key == "id" and "text" in document:
+                    hint = " (the sidecar's {id, text}; Jina's {text} objects go to /v1/rerank)"
+                raise ApiError("Validation", f"`documents[{i}]` has no `{key}`{hint}")
         doc_id = string(document["id"], f"documents[{i}].id")
         if doc_id in seen:
             # Scores are answered by id: two documents with one id could not be told apart.

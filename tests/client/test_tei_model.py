@@ -3,8 +3,9 @@
 So the stage's RERANKER span (and the metrics) carry ``reranker.model_name`` for TEI as for the
 providers that echo their model (issue 24). Against the session's real WireMock: the question is
 asked at most once per client, whatever the number of calls (sync or concurrent async), never
-when a model is configured or the provider is not TEI, never changes the batch size unless
-``batch_size="auto"`` asked for that, and a failed ``/info`` costs the call nothing.
+when a model is configured or the provider is not TEI, the batch cap in the same answer is taken
+too (issue 51: tests/client/test_info_batch_cap.py), and a failed ``/info`` costs the call
+nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ ANSWER = [{"index": 2, "score": 0.9}, {"index": 0, "score": 0.5}, {"index": 1, "
 def _serve(wm: WireMock, *, info: bool = True) -> str:
     wm.stub_json("/m/rerank", ANSWER)
     if info:
-        wm.stub_json("/m/info", {"model_id": MODEL, "max_client_batch_size": 1}, method="GET")
+        wm.stub_json("/m/info", {"model_id": MODEL, "max_client_batch_size": 128}, method="GET")
     return wm.url + "/m"
 
 
@@ -40,10 +41,10 @@ def test_the_model_comes_from_info_asked_once_and_lands_on_the_span(
         for _ in range(3):
             stage.run("q", [Candidate(t, t) for t in TEXTS])
         assert client.model_name == MODEL
-        assert client.batch_size == 32  # the model question does not adopt /info's batch cap
+        assert client.batch_size == 128  # the same answer's cap is taken too
 
     assert len(wm.requests("/m/info")) == 1
-    assert len(wm.requests("/m/rerank")) == 3  # one batch per call: the cap was not taken
+    assert len(wm.requests("/m/rerank")) == 3  # one batch per call
     assert [s.attributes["reranker.model_name"] for s in exporter.get_finished_spans()] == [
         MODEL
     ] * 3

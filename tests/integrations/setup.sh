@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs LlamaIndex, LangChain and Haystack with their OpenInference instrumentors into their own
-# virtualenv (.venv-frameworks), next to this project installed editable with its test extras, for
-# tests/integrations. Idempotent: nothing to do when the pinned versions are already there.
+# Installs LlamaIndex, LangChain and Haystack with their OpenInference instrumentors, and the
+# third-party rerank clients run against `serve` (LiteLLM, two LlamaIndex postprocessors), into their
+# own virtualenv (.venv-frameworks), next to this project installed editable with its test extras,
+# for tests/integrations. Idempotent: nothing to do when the pinned versions are already there.
 # The frameworks pull a large tree (SQLAlchemy, pandas, nltk, pydantic, openai, ...); keeping
 # them out of the project's environment keeps the main suite's install small and its pins its own.
 # Versions: tests/integrations/constraints.txt (exact pins, all from public PyPI).

@@ -178,3 +178,14 @@ def test_every_documented_request_is_read_as_sent(data: st.DataObject) -> None:
     request = cohere.parse(json.dumps(raw).encode(), SERVING)
     assert request.job.texts == tuple(documents)
     assert request.top_n == raw.get("top_n")
+
+
+def test_a_huge_model_string_is_never_quoted_back_only_a_short_marked_prefix() -> None:
+    """1.9 MB of model name in, a short refusal out (issue 51, point 8)."""
+    huge = "rerank-" + "x" * 1_900_000 + "TAILMARK"
+    error = refusal(body(model=huge))
+    assert error.status == 404
+    assert error.message == (
+        f"the model `{huge[:40]}…` is not served here: this server serves `{SERVING.model}`"
+    )
+    assert len(cohere.error_body(error)) < 200

@@ -119,3 +119,81 @@ def test_an_empty_list_is_a_400_with_its_detail_as_text() -> None:
     error = refusal(body(documents=[]))
     assert error.status == 400
     assert json.loads(jina.error_body(error)) == {"detail": "`documents` cannot be empty"}
+
+
+# -- the same body posted to POST /rerank, as vLLM and Infinity take it (issue 51) -------------
+
+
+def plain(**fields: Any) -> dict[str, Any]:
+    return {"query": QUERY, "documents": TEXTS, **fields}
+
+
+def plain_refusal(fields: dict[str, Any]) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        jina.read_plain(fields, SERVING)
+    return caught.value
+
+
+def test_on_rerank_the_model_may_be_left_out_and_the_served_one_answers() -> None:
+    for fields in (plain(), plain(model=None), plain(model=SERVING.model)):
+        request = jina.read_plain(fields, SERVING)
+        assert request.model == SERVING.model
+        assert request.job.texts == tuple(TEXTS)
+        assert request.job.shape == "jina"
+
+
+def test_on_rerank_top_n_zero_is_every_document_as_vllm_reads_it() -> None:
+    assert jina.read_plain(plain(top_n=0), SERVING).top_n is None
+    assert jina.read_plain(plain(top_n=2), SERVING).top_n == 2
+    assert "`top_n` must be at least 0" in plain_refusal(plain(top_n=-1)).message
+
+
+def test_on_rerank_the_answer_is_jinas_without_documents_whatever_return_documents_says() -> None:
+    for flag in (True, False, None):
+        request = jina.read_plain(plain(return_documents=flag, top_n=3), SERVING)
+        reply = json.loads(jina.PLAIN.render(Answer(request, SCORES, 40)))
+        assert reply == {
+            "model": SERVING.model,
+            "usage": {"total_tokens": 40, "prompt_tokens": 40},
+            "results": [
+                {"index": 1, "relevance_score": 0.9},
+                {"index": 3, "relevance_score": 0.7},
+                {"index": 0, "relevance_score": 0.5},
+            ],
+        }
+    assert (
+        "`return_documents` must be a boolean"
+        in plain_refusal(plain(return_documents="yes")).message
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "named"),
+    [
+        (plain(model="other/model"), 404, "other/model"),
+        (plain(model=7), 422, "`model`"),
+        ({"documents": TEXTS}, 422, "`query`"),
+        (plain(documents=[f"t{i}" for i in range(33)]), 422, "maximum allowed batch size 32"),
+        (plain(documents=["a", "\ud800"]), 422, "`documents[1]`"),
+    ],
+)
+def test_on_rerank_a_bad_body_is_refused_in_fastapis_shape_naming_the_field(
+    fields: dict[str, Any], status: int, named: str
+) -> None:
+    error = plain_refusal(fields)
+    assert error.status == status
+    assert named in error.message
+    detail = json.loads(jina.PLAIN.error_body(error))["detail"]
+    assert (detail[0]["msg"] if status == 422 else detail) == error.message
+
+
+def test_a_huge_model_string_is_never_quoted_back_only_a_short_marked_prefix() -> None:
+    """1.9 MB of model name in, a short refusal out (issue 51, point 8)."""
+    huge = "x" * 1_900_000 + "TAILMARK"
+    for error in (refusal(body(model=huge)), plain_refusal(plain(model=huge))):
+        assert error.status == 404
+        assert len(error.message) < 200
+        assert f"`{'x' * 40}…`" in error.message
+        assert "TAILMARK" not in error.message
+        assert SERVING.model in error.message
+        assert len(jina.error_body(error)) < 300
