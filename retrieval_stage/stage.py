@@ -230,6 +230,7 @@ class RerankStage:
             model_name=model_name,
             top_k=top_k,
             provider=provider,
+            precision=str_attr(self.reranker, "precision"),
             genai=start_attributes(
                 provider=provider,
                 request_model=model_name,

@@ -34,6 +34,7 @@ NAMES: tuple[str, ...] = (
     "breakdown",
     "transports",
     "rerank_server",
+    "embedding_precision",
     "span_size",
     "quality",
     "quality_corpus",

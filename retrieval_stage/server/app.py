@@ -82,6 +82,9 @@ RERANK_ROUTES = ("/rerank", *APIS)
 """The paths that rerank: a ``POST`` to one is a RERANKER span unless its caller has one."""
 
 ROUTES = (*RERANK_ROUTES, "/info", "/health")
+
+_MODEL_DTYPES = {"fp32": "float32", "int8": "int8", "bf16": "bfloat16"}
+"""A scorer's `precision` as TEI's ``/info`` names it (``model_dtype``)."""
 """The paths served; a span is named after one of these, or only by its method."""
 
 _log = get_logger("retrieval_stage.server")
@@ -155,7 +158,14 @@ class Serving:
         self.trace_config = TraceConfig()
 
     def _on_batch(self, batch: Batch) -> None:
-        record_batch(self._tracer, self.instruments, batch, self.scorer.model_id, self.scorer.kind)
+        record_batch(
+            self._tracer,
+            self.instruments,
+            batch,
+            self.scorer.model_id,
+            self.scorer.kind,
+            precision=getattr(self.scorer, "precision", None),
+        )
 
 
 class State(TypedDict):
@@ -466,7 +476,7 @@ async def info(request: Request[State]) -> Response:
     body = {
         "model_id": scorer.model_id,
         "model_sha": None,
-        "model_dtype": "float32",
+        "model_dtype": _MODEL_DTYPES.get(getattr(scorer, "precision", "fp32"), "float32"),
         "model_type": {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}},
         "max_concurrent_requests": settings.max_queue,
         "max_input_length": scorer.max_input_length,
@@ -519,6 +529,7 @@ def create_app(
             batch_size=settings.model_batch_size,
             cache_size=settings.embedding_cache,
             threads=settings.model_threads,
+            precision=settings.precision,
         ),
         tracer=trace.get_tracer("retrieval_stage.server", __version__, tracer_provider),
         meter_provider=meter_provider,

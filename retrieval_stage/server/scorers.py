@@ -182,6 +182,7 @@ class EmbeddingScorer(_InProcessScorer):
         batch_size: int = 32,
         cache_size: int = 0,
         threads: int | None = None,
+        precision: str = "fp32",
     ) -> None:
         from ..local import EmbeddingCache, EmbeddingReranker
 
@@ -193,9 +194,17 @@ class EmbeddingScorer(_InProcessScorer):
                 device="cpu",
                 cache=cache,
                 # The numpy backend's threads, each a batch of texts side by side.
+                # The int8 graph's intra-op threads likewise: every core on one request.
                 threads=threads if threads is not None else default_numpy_threads(),
+                precision=precision,
             )
         )
+
+    @property
+    def precision(self) -> str:
+        """The precision that runs (``fp32`` where ``int8`` was asked for but cannot run)."""
+        precision: str = self.reranker.precision
+        return precision
 
     def count(self, query: str, texts: Sequence[str]) -> tuple[int, list[int]]:
         return _lengths(self._counter, [query], None)[0], _lengths(self._counter, texts, None)
@@ -273,8 +282,11 @@ def make_scorer(
     batch_size: int = 32,
     cache_size: int = 0,
     threads: int | None = None,
+    precision: str = "fp32",
 ) -> Scorer:
-    """The scorer for ``--reranker`` (`embedding`, `local` or `lexical`) and ``--model``.
+    """The scorer for ``--reranker`` (`embedding`, `local` or `lexical`) and ``--model``;
+    `precision` is the embedding model's (``fp32``, ``int8``, ``bf16``; the others run
+    float32).
 
     Nothing is loaded here (see `Scorer.load`); a model that cannot be used at all (the
     ``[local]`` extra missing, a bi-encoder folder given as a cross-encoder) raises now.
@@ -284,8 +296,16 @@ def make_scorer(
         if spec is not None:
             raise ValueError("--model does not apply to the lexical reranker")
         return LexicalScorer()
+    if precision != "fp32" and reranker != "embedding":
+        raise ValueError(f"precision {precision!r} applies to the embedding reranker only")
     if reranker == "embedding":
-        return EmbeddingScorer(spec, batch_size=batch_size, cache_size=cache_size, threads=threads)
+        return EmbeddingScorer(
+            spec,
+            batch_size=batch_size,
+            cache_size=cache_size,
+            threads=threads,
+            precision=precision,
+        )
     if reranker == "local":
         from ..local import DEFAULT_LOCAL_MODEL
 

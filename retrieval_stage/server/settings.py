@@ -7,10 +7,14 @@ from dataclasses import dataclass
 
 from .. import validate
 
-__all__ = ["RERANKERS", "ServerSettings", "is_loopback"]
+__all__ = ["PRECISIONS", "RERANKERS", "ServerSettings", "is_loopback"]
 
 RERANKERS = ("embedding", "local", "lexical")
 """``--reranker`` values: the packaged embedding model (default), a cross-encoder, lexical."""
+
+PRECISIONS = ("fp32", "int8", "bf16")
+"""``precision`` values (`retrieval_stage.local.embedding.PRECISIONS`, not imported here: the
+settings must not import the model's packages)."""
 
 
 def is_loopback(host: str) -> bool:
@@ -46,6 +50,10 @@ class ServerSettings:
     `embedding_cache` keeps that many document embeddings (0: none). `model_threads` sets
     torch's threads for this process (None: torch's default, one per core); on a machine
     whose cores are busy with other work, 1 is much faster than several fighting for them.
+    `precision` is the embedding model's (``fp32``; ``int8``: the ``[int8]`` extra's
+    onnxruntime graph; ``bf16``: the ``[bf16]`` extra's OpenVINO; either about half the CPU
+    time; where it cannot run, float32 runs and says why once, and ``/info``'s
+    ``model_dtype`` says what runs).
     `trace_content` puts the query and the texts on the RERANKER span the server writes for a
     caller without one of its own (``--trace-content``; off: positions and scores only, since
     the texts may be private and the caller did not ask for them to be kept).
@@ -65,6 +73,7 @@ class ServerSettings:
     embedding_cache: int = 0
     model_threads: int | None = None
     trace_content: bool = False
+    precision: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.reranker not in RERANKERS:
@@ -81,6 +90,15 @@ class ServerSettings:
             "model_batch_size",
         ):
             validate.count(getattr(self, name), name)
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
+        if self.precision != "fp32" and self.reranker != "embedding":
+            raise ValueError(
+                f"precision {self.precision!r} applies to the embedding reranker only, "
+                f"not {self.reranker!r}"
+            )
         if not isinstance(self.trace_content, bool):
             raise ValueError(f"trace_content must be a boolean, got {self.trace_content!r}")
         if self.model_threads is not None:

@@ -31,6 +31,7 @@ from ..spans.keys import (
     ATTR_BATCH_TOKENS,
     ATTR_DOCUMENTS,
     ATTR_MODEL,
+    ATTR_MODEL_PRECISION,
     ATTR_OUTCOME,
     ATTR_QUEUE_WAIT,
     ATTR_REQUEST_PAIRS,
@@ -68,9 +69,17 @@ DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
 PAIR_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-def record_batch_spans(tracer: trace.Tracer, batch: Batch, model: str, reranker: str) -> None:
+def record_batch_spans(
+    tracer: trace.Tracer,
+    batch: Batch,
+    model: str,
+    reranker: str,
+    *,
+    precision: str | None = None,
+) -> None:
     """One ``rerank.batch`` span per request of `batch`, each a child of that request's span
-    and linked to every request span of the batch."""
+    and linked to every request span of the batch; `precision` (the embedding model's, as it
+    ran) goes on each as ``retrieval_stage.model.precision``."""
     contexts = [s.ticket.context for s in batch.shares]
     links = []
     for context in contexts:
@@ -100,6 +109,7 @@ def record_batch_spans(tracer: trace.Tracer, batch: Batch, model: str, reranker:
                 ATTR_REQUEST_PAIRS: share.pairs,
                 ATTR_REQUEST_TOKENS: share.tokens,
                 ATTR_QUEUE_WAIT: round(share.queue_wait, 6),
+                **({ATTR_MODEL_PRECISION: precision} if precision is not None else {}),
             },
         )
         if batch.error is not None:
@@ -262,9 +272,11 @@ def record_batch(
     batch: Batch,
     model: str,
     reranker: str,
+    *,
+    precision: str | None = None,
 ) -> None:
     """One model batch that ran: its ``rerank.batch`` spans, its points, its debug line."""
-    record_batch_spans(tracer, batch, model, reranker)
+    record_batch_spans(tracer, batch, model, reranker, precision=precision)
     instruments.batch(batch, model)
     _log.debug(
         "server.batch",

@@ -32,6 +32,7 @@ __all__ = [
     "ATTR_MODEL",
     "ATTR_MODEL_BACKEND",
     "ATTR_MODEL_LOAD_DURATION",
+    "ATTR_MODEL_PRECISION",
     "ATTR_OUTCOME",
     "ATTR_OUTPUT_OMITTED",
     "ATTR_PROVIDER",
@@ -148,6 +149,9 @@ ATTR_MODEL_LOAD_DURATION = "retrieval_stage.model.load.duration_s"
 """Seconds the model took to load (wall time), on the `EVENT_MODEL_LOAD` event."""
 ATTR_MODEL_BACKEND = "retrieval_stage.model.backend"
 """What runs the model: ``numpy`` or ``sentence-transformers``, on the `EVENT_MODEL_LOAD` event."""
+ATTR_MODEL_PRECISION = "retrieval_stage.model.precision"
+"""The precision the embedding model ran in (``fp32``, ``int8``), on the RERANKER span of an
+in-process `EmbeddingReranker` and on the server's ``rerank.batch`` spans."""
 
 # The RETRIEVER span.
 ATTR_RECALL = "retrieval_stage.recall"

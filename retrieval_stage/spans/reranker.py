@@ -51,6 +51,7 @@ from .keys import (
     ATTR_DOCUMENTS,
     ATTR_ERROR_TYPE,
     ATTR_FALLBACK,
+    ATTR_MODEL_PRECISION,
     ATTR_PROVIDER,
     ATTR_REQUESTS,
     ATTR_RETRIES,
@@ -95,8 +96,10 @@ def identity_attributes(
     documents: int,
     config: TraceConfig,
     max_bytes: int = DEFAULT_MAX_CONTENT_BYTES,
+    precision: str | None = None,
 ) -> dict[str, AttributeValue]:
     """What makes the span a RERANKER span: set at start, before anything can evict it.
+    `precision` is an in-process model's (``fp32``, ``int8``), None for a remote one.
 
     The query goes on the span twice: as ``reranker.query`` (Phoenix's reranker view) and as
     ``input.value`` (what Phoenix's span list shows), masked alike by ``OPENINFERENCE_HIDE_INPUTS``.
@@ -113,6 +116,8 @@ def identity_attributes(
         attributes[RerankerAttributes.RERANKER_TOP_K] = top_k
     if provider is not None:
         attributes[ATTR_PROVIDER] = provider
+    if precision is not None:
+        attributes[ATTR_MODEL_PRECISION] = precision
     attributes[ATTR_DOCUMENTS] = documents
     value = capped if unmasked else config.mask(SpanAttributes.INPUT_VALUE, capped)
     if value is not None:
@@ -192,13 +197,14 @@ class RerankerSpans:
         top_k: int | None,
         provider: str | None,
         genai: Mapping[str, AttributeValue] | None = None,
+        precision: str | None = None,
     ) -> AbstractContextManager[RerankerSpan]:
         """The call's span, current while the block runs; an exception escaping the block is
         recorded and sets ERROR. Under suppression, a span whose every method is a no-op.
 
         `genai`: OpenTelemetry's GenAI names to set at start beside the identity (given only
         when `genai` is on); an exception escaping the block then also sets ``error.type``."""
-        return _Started(self, query, candidates, model_name, top_k, provider, genai)
+        return _Started(self, query, candidates, model_name, top_k, provider, genai, precision)
 
 
 class _Started:
@@ -215,6 +221,7 @@ class _Started:
         "_candidates",
         "_genai",
         "_model_name",
+        "_precision",
         "_provider",
         "_query",
         "_span",
@@ -232,8 +239,10 @@ class _Started:
         top_k: int | None,
         provider: str | None,
         genai: Mapping[str, AttributeValue] | None,
+        precision: str | None = None,
     ) -> None:
         self._writer = writer
+        self._precision = precision
         self._query = query
         self._candidates = candidates
         self._model_name = model_name
@@ -255,6 +264,7 @@ class _Started:
             documents=len(self._candidates),
             config=writer.trace_config,
             max_bytes=writer.max_content_length,
+            precision=self._precision,
         )
         if self._genai is not None:
             attributes.update(self._genai)
