@@ -62,6 +62,14 @@ class RecallChoice(str, enum.Enum):
     hybrid = "hybrid"
 
 
+class Precision(str, enum.Enum):
+    """The embedding model's precision (`retrieval_stage.local.PRECISIONS`)."""
+
+    fp32 = "fp32"
+    int8 = "int8"
+    bf16 = "bf16"
+
+
 class OutputFormat(str, enum.Enum):
     """How `rerank` prints its results."""
 
@@ -95,6 +103,7 @@ class RerankOptions:
     timeout: float = 30.0
     batch_size: str | None = None
     reranker: RerankerChoice = RerankerChoice.auto
+    precision: Precision = Precision.fp32
     trace_file: Path | None = None
     project: str | None = None
     telemetry_timeout: float = DEFAULT_TELEMETRY_TIMEOUT_S
@@ -136,6 +145,17 @@ _SHARED: dict[str, Any] = {
             "directory (default: cross-encoder/ms-marco-MiniLM-L-6-v2 for --reranker local, "
             "sentence-transformers/all-MiniLM-L6-v2 for embedding). [env var: RERANK_MODEL]",
             show_default=False,
+        ),
+    ],
+    "precision": Annotated[
+        Precision,
+        typer.Option(
+            "--precision",
+            help="The embedding model's precision (without --endpoint): fp32 (numpy), int8 "
+            "(onnxruntime, the [int8] extra, a CPU with VNNI) or bf16 (OpenVINO, the [bf16] "
+            "extra, a CPU with AVX512_BF16). Where it cannot run, fp32 runs and a line says "
+            "why. docs/benchmarks.md has their speed and ranking quality.",
+            case_sensitive=False,
         ),
     ],
     "api_key": Annotated[

@@ -161,6 +161,18 @@ def choose_reranker(options: RerankOptions) -> Chosen:
     tiers = tiers_of(options)
     settings = tiers[0]
     choice = options.reranker
+    precision = options.precision.value
+    if precision != "fp32":
+        # A precision is the embedding model's: auto then means it; anything else refuses.
+        if choice is RerankerChoice.auto and not settings.endpoint:
+            choice = RerankerChoice.embedding
+        elif choice is not RerankerChoice.embedding or settings.endpoint:
+            used = "--endpoint" if settings.endpoint else f"--reranker {choice.value}"
+            fail(
+                EXIT_USAGE,
+                f"--precision {precision} is the embedding model's, not {used}'s",
+                "use --reranker embedding without --endpoint (or serve --precision for a server)",
+            )
     if settings.endpoint:
         if choice not in (RerankerChoice.auto, RerankerChoice.endpoint):
             fail(EXIT_USAGE, f"--reranker {choice.value} cannot be combined with --endpoint")
@@ -178,8 +190,8 @@ def choose_reranker(options: RerankOptions) -> Chosen:
     if choice is RerankerChoice.local:
         return _cross_encoder(local, strict=True)[0] or _unreachable()
     if choice is RerankerChoice.embedding:
-        return _embedding(settings.model, strict=True)[0] or _unreachable()
-    return _auto(local)
+        return _embedding(settings.model, strict=True, precision=precision)[0] or _unreachable()
+    return _auto(local, precision)
 
 
 def _chain(tiers: list[RerankSettings]) -> Chosen:
@@ -219,7 +231,7 @@ def _endpoint(settings: RerankSettings) -> Chosen:
     return Chosen(client, label, close=client.close)
 
 
-def _auto(settings: RerankSettings) -> Chosen:
+def _auto(settings: RerankSettings, precision: str = "fp32") -> Chosen:
     """The cross-encoder if one loads, else the embedding model, else lexical; `why` says
     what was passed over (a --model that is a bi-encoder becomes the embedding model)."""
     chosen, reason, bi_encoder = _cross_encoder(settings, strict=False)
@@ -227,7 +239,7 @@ def _auto(settings: RerankSettings) -> Chosen:
         return chosen
     reasons = [reason]
     embedding_model = settings.model if bi_encoder else None
-    chosen, reason, _ = _embedding(embedding_model, strict=False)
+    chosen, reason, _ = _embedding(embedding_model, strict=False, precision=precision)
     if chosen is not None:
         chosen.why = f"auto: {reason_text(reasons)}"
         return chosen
@@ -309,10 +321,16 @@ def _cross_encoder(
 
 
 def _embedding(
-    model: str | None, *, strict: bool, asked_by: str = "--reranker embedding"
+    model: str | None,
+    *,
+    strict: bool,
+    asked_by: str = "--reranker embedding",
+    precision: str = "fp32",
 ) -> tuple[Chosen | None, str | None, bool]:
-    """The embedding reranker (default: the packaged all-MiniLM-L6-v2), loaded now, with an
-    in-memory document-embedding cache; else (None, why not). `strict` exits instead."""
+    """The embedding reranker (default: the packaged all-MiniLM-L6-v2) at `precision`, loaded
+    now, with an in-memory document-embedding cache; else (None, why not). `strict` exits
+    instead. The label says the precision that runs when it is not fp32 (an int8 asked for
+    where it cannot run is fp32, and the library's one warning line says why)."""
     from ..local import INSTALL_HINT, EmbeddingCache, EmbeddingReranker, embedding_available
 
     if not embedding_available():
@@ -320,7 +338,7 @@ def _embedding(
             fail(EXIT_USAGE, f"{asked_by} needs the [local] extra", INSTALL_HINT)
         return None, "the [local] extra (the embedding model) is not installed", False
     try:
-        reranker = EmbeddingReranker(model, cache=EmbeddingCache())
+        reranker = EmbeddingReranker(model, cache=EmbeddingCache(), precision=precision)
     except (ImportError, ValueError) as exc:  # a backend named in the environment, missing
         if strict:
             fail(EXIT_USAGE, str(exc))
@@ -331,7 +349,11 @@ def _embedding(
         if strict:
             fail(EXIT_FAILURE, str(exc), f"{INSTALL_HINT} brings the default embedding model")
         return None, f"the embedding model could not load ({exc})", False
-    label = f"embedding model {reranker.model_name} (in process; {EMBEDDING_WHAT})"
+    ran = reranker.precision
+    where = "in process" if ran == "fp32" else f"in process, {ran}"
+    if ran != precision:
+        where += f", not {precision}: see the warning above"
+    label = f"embedding model {reranker.model_name} ({where}; {EMBEDDING_WHAT})"
     chosen = Chosen(reranker, label, close=reranker.close, embedder=reranker, load_s=seconds)
     return chosen, None, False
 

@@ -19,6 +19,7 @@ from rich.text import Text
 from .._install import install_hint
 from ..errors import RerankError
 from .console import EXIT_FAILURE, EXIT_USAGE, err, fail
+from .options import Precision
 
 __all__ = ["SERVER_INSTALL_HINT", "ServeReranker", "missing_server_module", "serve"]
 
@@ -139,6 +140,17 @@ def serve(
         int,
         typer.Option("--payload-limit", min=1, help="Largest request body, in bytes (TEI's)."),
     ] = 2_000_000,
+    precision: Annotated[
+        Precision,
+        typer.Option(
+            "--precision",
+            help="The embedding model's precision: fp32 (numpy), int8 (onnxruntime, the [int8] "
+            "extra, a CPU with VNNI) or bf16 (OpenVINO, the [bf16] extra, AVX512_BF16). "
+            "Where it cannot run, fp32 runs, a line says why, and /info's model_dtype says "
+            "what runs.",
+            case_sensitive=False,
+        ),
+    ] = Precision.fp32,
     model_threads: Annotated[
         int | None,
         typer.Option(
@@ -244,6 +256,7 @@ def serve(
             body_timeout=body_timeout,
             model_threads=model_threads,
             trace_content=trace_content,
+            precision=precision.value,
         )
         from ..server.scorers import make_scorer
 
