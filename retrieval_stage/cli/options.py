@@ -63,7 +63,7 @@ class RecallChoice(str, enum.Enum):
 
 
 class Precision(str, enum.Enum):
-    """The embedding model's precision (`retrieval_stage.local.PRECISIONS`)."""
+    """The embedding model's precision (`retrieval_stage.local.embedding.PRECISIONS`)."""
 
     fp32 = "fp32"
     int8 = "int8"
