@@ -11,63 +11,24 @@ or float32 for bf16), and the onnx and runtime (onnxruntime, OpenVINO) versions.
 graph is its own SHA-256; a file whose checksum does not match (truncated, corrupt, written by
 something else) is built again, never loaded.
 
-The weights' digest is remembered by path, inode, size and times (``digests/``), so a load
-hashes the 91 MB of weights only when they changed.
+The weights' digest is remembered by path, inode, size and times (``digests/``:
+`retrieval_stage.cache_files.file_digest`, the one dense recall keys its embeddings by), so a
+load hashes the 91 MB of weights only when they changed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from ..cache_files import file_digest, write_atomically
 
 __all__ = ["GRAPHS_DIR", "cached_graph", "file_digest", "graph_key"]
 
 GRAPHS_DIR = "onnx-graphs"
 """The subdirectory of the cache directory that holds the graphs."""
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """`data` at `path`, whole or not at all (a temporary file renamed over it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-
-
-def file_digest(path: Path, memo_dir: Path) -> str:
-    """The SHA-256 of `path`'s content, remembered under `memo_dir` keyed by what changes when
-    the file does (its real path, device, inode, size, mtime and ctime)."""
-    stat = path.stat()
-    key = (
-        f"{os.path.realpath(path)}\x00{stat.st_dev}\x00{stat.st_ino}\x00{stat.st_size}"
-        f"\x00{stat.st_mtime_ns}\x00{stat.st_ctime_ns}"
-    )
-    memo = memo_dir / hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    try:
-        known = memo.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        known = ""
-    if re.fullmatch(r"[0-9a-f]{64}", known):
-        return known
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    found = digest.hexdigest()
-    with contextlib.suppress(OSError):  # a cache: a failure costs a re-hash next time
-        _write_atomically(memo, found.encode("ascii"))
-    return found
 
 
 def graph_key(weights_digest: str, *parts: object) -> str:
@@ -92,6 +53,6 @@ def cached_graph(directory: Path, key: str, build: Callable[[], bytes]) -> tuple
             return data, False
     data = build()
     with contextlib.suppress(OSError):
-        _write_atomically(path, data)
-        _write_atomically(checksum, hashlib.sha256(data).hexdigest().encode("ascii"))
+        write_atomically(path, data)
+        write_atomically(checksum, hashlib.sha256(data).hexdigest().encode("ascii"))
     return data, True

@@ -49,7 +49,7 @@ def importable(module: str) -> bool:
 def default_graph_dir() -> Path:
     """Where the graphs are kept: ``onnx-graphs`` in the package's cache directory (the one
     dense recall keeps its embeddings in: ``$XDG_CACHE_HOME/retrieval-stage``)."""
-    from ..cache_dir import default_cache_dir
+    from ..cache_files import default_cache_dir
     from .graph_cache import GRAPHS_DIR
 
     return default_cache_dir() / GRAPHS_DIR

@@ -15,19 +15,17 @@ copies of the best `k` with their score as `score`, best first. Needs the ``[loc
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import os
 import re
 import struct
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cache_dir import default_cache_dir
+from ..cache_files import default_cache_dir, file_digest, write_atomically
 from ..models import Candidate
 from .arguments import check_query, check_unique_ids
 
@@ -65,35 +63,6 @@ def _corpus_hash(texts: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def _file_digest(path: Path, memo_dir: Path | None) -> str:
-    """The SHA-256 of `path`'s content; for a large file remembered under `memo_dir`, keyed by
-    what changes when the file does (its real path, device, inode, size, mtime and ctime: a
-    rewrite in place changes ctime even when mtime is put back)."""
-    stat = path.stat()
-    memo: Path | None = None
-    if memo_dir is not None and stat.st_size >= _MEMO_MIN_BYTES:
-        key = (
-            f"{os.path.realpath(path)}\x00{stat.st_dev}\x00{stat.st_ino}\x00{stat.st_size}"
-            f"\x00{stat.st_mtime_ns}\x00{stat.st_ctime_ns}"
-        )
-        memo = memo_dir / hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-        try:
-            known = memo.read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError):
-            known = ""
-        if re.fullmatch(r"[0-9a-f]{64}", known):
-            return known
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    found = digest.hexdigest()
-    if memo is not None:
-        with contextlib.suppress(OSError):  # a cache: a failure costs a re-hash next time
-            _write_atomically(memo, found.encode("ascii"))
-    return found
-
-
 def _model_fingerprint(
     location: str, max_length: int | None, memo_dir: Path | None = None, *, variant: str = ""
 ) -> str:
@@ -105,8 +74,8 @@ def _model_fingerprint(
     runs share the cached embeddings; a model changed in place gets a new one, so its
     documents are embedded again rather than scored against another model's vectors. A model
     that is not a directory (a hub name) is named by its name. Large files' digests are
-    remembered under `memo_dir` (`_file_digest`): hashing the packaged MiniLM's 91 MB of
-    weights takes ~0.1 s, once per install.
+    remembered under `memo_dir` (`retrieval_stage.cache_files.file_digest`): hashing the
+    packaged MiniLM's 91 MB of weights takes ~0.1 s, once per install.
     """
     digest = hashlib.sha256(f"max_length={max_length}\x00{variant}".encode())
     root = Path(location)
@@ -119,30 +88,17 @@ def _model_fingerprint(
             continue
         if path.is_file():
             name = relative.as_posix().encode("utf-8", "surrogatepass")
-            digest.update(b"\x00" + name + b"\x00" + _file_digest(path, memo_dir).encode())
+            digest.update(
+                b"\x00"
+                + name
+                + b"\x00"
+                + file_digest(path, memo_dir, min_bytes=_MEMO_MIN_BYTES).encode()
+            )
     return digest.hexdigest()
 
 
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:60] or "model"
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, flushed to disk, then rename it over
-    `path`: a reader sees the old file or the whole new one. OSError when it cannot."""
-    temporary: str | None = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-        temporary = None
-    finally:
-        if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
 
 
 def _chunk_bytes(start: int, texts: Sequence[str], matrix: Any) -> bytes:
@@ -354,7 +310,7 @@ class DenseRecall:
         if self.cache_error is not None:
             return
         try:
-            _write_atomically(self._chunk_path(directory, start), _chunk_bytes(start, texts, rows))
+            write_atomically(self._chunk_path(directory, start), _chunk_bytes(start, texts, rows))
         except OSError as exc:  # a read-only or full disk costs the cache, not the recall
             self.cache_error = f"{type(exc).__name__}: {exc.strerror or exc}"
             return
