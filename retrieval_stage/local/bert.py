@@ -357,6 +357,18 @@ class BertEncoder:
             ) from exc
         return cls(spec, tokenizer, weights)
 
+    def _tokenized(self, texts: Sequence[str], role: str) -> tuple[list[Any], list[int]]:
+        """`texts` with `role`'s prompt (lower-cased where the model is), tokenized, and their
+        positions longest first: what every forward pass batches from (this one's packed
+        batches, the graph encoders' padded ones)."""
+        prompt = self.spec.prompt(role)
+        inputs = [prompt + t for t in texts]
+        if self.spec.do_lower_case:
+            inputs = [t.lower() for t in inputs]
+        encodings = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
+        order = sorted(range(len(encodings)), key=lambda i: -len(encodings[i].ids))
+        return encodings, order
+
     @property
     def max_seq_length(self) -> int:
         """Tokens of one text the model reads (special tokens included); the rest is cut."""
@@ -394,15 +406,10 @@ class BertEncoder:
         """
         import numpy as np
 
-        prompt = self.spec.prompt(role)
-        inputs = [prompt + t for t in texts]
-        if self.spec.do_lower_case:
-            inputs = [t.lower() for t in inputs]
-        out = np.zeros((len(inputs), self.spec.hidden), dtype=np.float32)
-        if not inputs:
+        out = np.zeros((len(texts), self.spec.hidden), dtype=np.float32)
+        if not texts:
             return out
-        encodings = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
-        order = sorted(range(len(encodings)), key=lambda i: -len(encodings[i].ids))
+        encodings, order = self._tokenized(texts, role)
         if workers > 1 and len(order) > 1:
             batch_size = min(batch_size, -(-len(order) // workers))
         batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]

@@ -129,15 +129,10 @@ class GraphBertEncoder(BertEncoder):
         runtime's threads)."""
         import numpy as np
 
-        prompt = self.spec.prompt(role)
-        inputs = [prompt + t for t in texts]
-        if self.spec.do_lower_case:
-            inputs = [t.lower() for t in inputs]
-        out = np.zeros((len(inputs), self.spec.hidden), dtype=np.float32)
-        if not inputs:
+        out = np.zeros((len(texts), self.spec.hidden), dtype=np.float32)
+        if not texts:
             return out
-        encodings = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
-        order = sorted(range(len(encodings)), key=lambda i: -len(encodings[i].ids))
+        encodings, order = self._tokenized(texts, role)
         for start in range(0, len(order), _BATCH):
             chosen = order[start : start + _BATCH]
             out[chosen] = self._padded([encodings[i] for i in chosen])
